@@ -1,0 +1,65 @@
+/// A user's newest metrics row and its acknowledgement, as the HTTP API serves them.
+public struct LatestMetrics: Hashable, Sendable {
+    public let metrics: ComputedMetrics
+    /// `computed_at`, millisecond precision.
+    public let computedAt: Timestamp
+    /// When the user acknowledged exactly this row (same version and `computed_at`), or nil.
+    public let acknowledgedAt: Timestamp?
+
+    public init(metrics: ComputedMetrics, computedAt: Timestamp, acknowledgedAt: Timestamp?) {
+        self.metrics = metrics
+        self.computedAt = computedAt
+        self.acknowledgedAt = acknowledgedAt
+    }
+}
+
+/// What computing a user's metrics on the spot gave.
+public enum ComputeNowOutcome: Hashable, Sendable {
+    /// Stored (or found stored by a concurrent writer) and read back.
+    case computed(LatestMetrics)
+    /// The settings are missing or invalid; every reason.
+    case skipped([SkipReason])
+    /// No such user.
+    case unknownUser
+}
+
+/// What acknowledging named metrics gave.
+public enum AcknowledgeOutcome: Hashable, Sendable {
+    /// The named metrics are the current ones; acknowledged at this instant (the first time, if repeated).
+    case acknowledged(at: Timestamp, version: Int)
+    /// The user has metrics, but not these (recomputed since, or another version).
+    case notCurrent
+    /// The user has no metrics at all.
+    case noMetrics
+}
+
+/// Whether the store can serve: the database answers and its schema is this build's.
+public struct Readiness: Hashable, Sendable {
+    public enum Database: String, Sendable { case ok, unreachable }
+    public enum Schema: String, Sendable { case current, behind, unknown }
+    public let database: Database
+    public let schema: Schema
+    /// Why not ready, one line; nil when ready.
+    public let reason: String?
+
+    public init(database: Database, schema: Schema, reason: String?) {
+        self.database = database
+        self.schema = schema
+        self.reason = reason
+    }
+
+    public var isReady: Bool { self.database == .ok && self.schema == .current }
+}
+
+/// The storage port of the HTTP API. `MetricsdPostgres` implements it over libpq; HTTP-shape tests use an
+/// in-memory double.
+public protocol MetricsStore: Sendable {
+    /// The newest row by `computed_at DESC` (index `profile_metrics_user_computed_at_idx`), never by date.
+    func latestMetrics(userID: Int64) async throws -> LatestMetrics?
+    /// Validates the user's settings and stores the row for their current local date (a just-onboarded user).
+    func computeNow(userID: Int64) async throws -> ComputeNowOutcome
+    /// Acknowledges the user's current metrics if they are the ones named.
+    func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome
+    /// Whether the database answers and the schema is current (`/readyz`).
+    func readiness() async -> Readiness
+}

@@ -1,0 +1,271 @@
+import Crypto
+import Foundation
+import JWTKit
+
+/// How user tokens are verified (README, "Tokens").
+///
+/// - HS256 with a shared secret: `$CREDENTIALS_DIRECTORY/jwt-secret`, else `METRICSD_JWT_SECRET_FILE`, else
+///   `METRICSD_JWT_SECRET`.
+/// - and/or an asymmetric public key (EdDSA, ES256 or RS256), so metricsd can verify tokens without being able to
+///   mint them: `$CREDENTIALS_DIRECTORY/jwt-public-key`, else `METRICSD_JWT_PUBLIC_KEY_FILE` (PEM).
+/// - `METRICSD_JWT_ISSUER` / `METRICSD_JWT_AUDIENCE`: when set, `iss` must equal it / `aud` must contain it.
+/// - `METRICSD_JWT_LEEWAY_SECONDS`: clock leeway for `exp` and `nbf`, default 30.
+public struct TokenConfiguration: Sendable {
+    public var hmacSecret: String?
+    public var publicKeyPEM: String?
+    public var issuer: String?
+    public var audience: String?
+    public var leewaySeconds: Int
+
+    public init(environment: [String: String]) throws(ConfigurationError) {
+        self.hmacSecret = try Secrets.read(
+            credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET",
+            environment: environment)
+        self.publicKeyPEM = try Secrets.read(
+            credential: "jwt-public-key", file: "METRICSD_JWT_PUBLIC_KEY_FILE", variable: nil, environment: environment)
+        let reader = EnvironmentReader(environment)
+        self.issuer = reader["METRICSD_JWT_ISSUER"]
+        self.audience = reader["METRICSD_JWT_AUDIENCE"]
+        self.leewaySeconds = try reader.integer("METRICSD_JWT_LEEWAY_SECONDS", default: 30, range: 0...300)
+        if let secret = self.hmacSecret, secret.utf8.count < 32 {
+            throw ConfigurationError("the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
+        }
+    }
+
+    public init(hmacSecret: String?, publicKeyPEM: String? = nil, issuer: String? = nil, audience: String? = nil, leewaySeconds: Int = 30) {
+        self.hmacSecret = hmacSecret
+        self.publicKeyPEM = publicKeyPEM
+        self.issuer = issuer
+        self.audience = audience
+        self.leewaySeconds = leewaySeconds
+    }
+}
+
+/// Why a bearer token was refused. Every case is a 401; the message is safe to return (it never echoes the token).
+public struct TokenError: Error, Equatable, Sendable, CustomStringConvertible {
+    public let message: String
+    init(_ message: String) { self.message = message }
+    public var description: String { self.message }
+}
+
+/// Verifies user JWTs with pinned algorithms: HS256 against the shared secret, the public key's own algorithm
+/// against the public key, and nothing else (`none`, or HS256 signed with the public key, are refused before any
+/// signature check).
+///
+/// Parsing and claim checks are done here, on plain values; jwt-kit provides the keys and signature maths.
+public struct TokenVerifier: Sendable {
+    private let algorithms: [String: any JWTAlgorithm]
+    private let issuer: String?
+    private let audience: String?
+    private let leeway: Int64
+
+    /// The algorithms accepted, e.g. `["HS256", "EdDSA"]`.
+    public var acceptedAlgorithms: [String] { self.algorithms.keys.sorted() }
+
+    public init(_ configuration: TokenConfiguration) async throws(ConfigurationError) {
+        var algorithms: [String: any JWTAlgorithm] = [:]
+        if let secret = configuration.hmacSecret {
+            let keys = await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+            algorithms["HS256"] = try await Self.key(keys)
+        }
+        if let pem = configuration.publicKeyPEM {
+            let algorithm = try await Self.publicKeyAlgorithm(pem)
+            algorithms[algorithm.name] = algorithm
+        }
+        guard !algorithms.isEmpty else {
+            throw ConfigurationError(
+                "no JWT verification key: set $CREDENTIALS_DIRECTORY/jwt-secret, METRICSD_JWT_SECRET_FILE, METRICSD_JWT_SECRET or METRICSD_JWT_PUBLIC_KEY_FILE"
+            )
+        }
+        self.algorithms = algorithms
+        self.issuer = configuration.issuer
+        self.audience = configuration.audience
+        self.leeway = Int64(configuration.leewaySeconds)
+    }
+
+    private static func key(_ keys: JWTKeyCollection) async throws(ConfigurationError) -> any JWTAlgorithm {
+        do {
+            return try await keys.getKey()
+        } catch {
+            throw ConfigurationError("JWT key could not be loaded")
+        }
+    }
+
+    /// Reads a PEM public key as Ed25519 (EdDSA), P-256 (ES256) or RSA (RS256, at least 2048 bits).
+    private static func publicKeyAlgorithm(_ pem: String) async throws(ConfigurationError) -> any JWTAlgorithm {
+        if pem.contains("PRIVATE KEY") {
+            throw ConfigurationError("the JWT public key file holds a private key: give metricsd only the public key")
+        }
+        if let key = try? EdDSA.PublicKey(pem: pem) {
+            return try await Self.key(await JWTKeyCollection().add(eddsa: key))
+        }
+        if let key = try? ES256PublicKey(pem: pem) {
+            return try await Self.key(await JWTKeyCollection().add(ecdsa: key))
+        }
+        if let key = try? Insecure.RSA.PublicKey(pem: pem) {
+            return try await Self.key(await JWTKeyCollection().add(rsa: key, digestAlgorithm: .sha256))
+        }
+        throw ConfigurationError("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
+    }
+
+    /// Verifies a compact JWS and returns its user id (`sub`).
+    /// - Parameter now: seconds since 1970 (tests pass their own).
+    public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
+        guard let headerData = Base64URL.decode(parts[0]), let payloadData = Base64URL.decode(parts[1]),
+            let signature = Base64URL.decode(parts[2])
+        else { throw TokenError("malformed token") }
+        guard let header = try? JSONDecoder().decode(JWTHeaderFields.self, from: Data(headerData)) else {
+            throw TokenError("malformed token header")
+        }
+        guard header.crit == nil else { throw TokenError("unsupported critical header") }
+        guard let algorithm = self.algorithms[header.alg] else {
+            throw TokenError("token algorithm \(Self.shown(header.alg)) is not accepted")
+        }
+        let signingInput = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
+        let valid = (try? algorithm.verify(signature, signs: signingInput)) ?? false
+        guard valid else { throw TokenError("invalid token signature") }
+        guard let claims = try? JSONDecoder().decode(JWTClaims.self, from: Data(payloadData)) else {
+            throw TokenError("malformed token payload")
+        }
+        guard let exp = claims.exp?.seconds else { throw TokenError("token has no valid exp claim") }
+        guard now <= exp + self.leeway else { throw TokenError("token expired") }
+        if let nbfValue = claims.nbf {
+            guard let nbf = nbfValue.seconds else { throw TokenError("token nbf claim is not a time") }
+            guard now + self.leeway >= nbf else { throw TokenError("token is not valid yet") }
+        }
+        if let issuer = self.issuer {
+            guard claims.iss?.string == issuer else { throw TokenError("token issuer is not accepted") }
+        }
+        if let audience = self.audience {
+            guard claims.aud?.values.contains(audience) == true else { throw TokenError("token audience is not accepted") }
+        }
+        guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
+        return userID
+    }
+
+    private static func shown(_ text: String) -> String {
+        "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"
+    }
+}
+
+/// The JOSE header fields metricsd looks at.
+struct JWTHeaderFields: Decodable {
+    let alg: String
+    let crit: AnyJSON?
+}
+
+/// The registered claims metricsd checks; anything else in the payload is ignored.
+struct JWTClaims: Decodable {
+    let sub: JSONScalar?
+    let exp: JSONScalar?
+    let nbf: JSONScalar?
+    let iss: JSONScalar?
+    let aud: Audience?
+
+    /// `aud`: one string or an array of strings.
+    enum Audience: Decodable {
+        case values([String])
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            if let one = try? container.decode(String.self) {
+                self = .values([one])
+            } else {
+                self = .values((try? container.decode([JSONScalar].self))?.compactMap(\.string) ?? [])
+            }
+        }
+        var values: [String] {
+            switch self {
+            case .values(let values): values
+            }
+        }
+    }
+}
+
+/// One JSON value, told apart strictly: a boolean is never a number and a number never a string.
+enum JSONScalar: Decodable {
+    case string(String)
+    case number(Double)
+    case bool(Bool)
+    case other
+
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if let value = try? container.decode(Bool.self) {
+            self = .bool(value)
+        } else if let value = try? container.decode(String.self) {
+            self = .string(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .number(value)
+        } else {
+            self = .other
+        }
+    }
+
+    var string: String? {
+        if case .string(let value) = self { return value }
+        return nil
+    }
+
+    /// A NumericDate in whole seconds.
+    var seconds: Int64? {
+        guard case .number(let value) = self, value.isFinite, abs(value) < 1e15 else { return nil }
+        return Int64(value.rounded(.down))
+    }
+
+    /// A user id: a positive integer sent as a string of digits (the usual form) or as a JSON number.
+    var userID: Int64? {
+        switch self {
+        case .string(let text):
+            guard (1...19).contains(text.utf8.count), text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }),
+                text.utf8.first != 48
+            else { return nil }
+            return Int64(text)
+        case .number(let value):
+            guard value.isFinite, value >= 1, value <= 9_007_199_254_740_991, value.rounded() == value else { return nil }
+            return Int64(value)
+        case .bool, .other:
+            return nil
+        }
+    }
+}
+
+/// Any JSON value, not looked at (only its presence matters).
+struct AnyJSON: Decodable {
+    init(from decoder: any Decoder) throws {}
+}
+
+/// base64url without padding (RFC 7515).
+enum Base64URL {
+    static func decode(_ text: Substring) -> [UInt8]? {
+        guard text.utf8.allSatisfy({ byte in
+            (byte >= 65 && byte <= 90) || (byte >= 97 && byte <= 122) || (byte >= 48 && byte <= 57) || byte == 45 || byte == 95
+        }) else { return nil }
+        var base64 = String(text).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        switch base64.utf8.count % 4 {
+        case 2: base64 += "=="
+        case 3: base64 += "="
+        case 1: return nil
+        default: break
+        }
+        return Data(base64Encoded: base64).map { Array($0) }
+    }
+}
+
+/// Compares a presented admin token with the configured one in constant time (SHA-256 of both, then a
+/// byte-wise comparison with no early exit), so response times reveal nothing about the token.
+public struct AdminTokenCheck: Sendable {
+    private let expected: [UInt8]
+
+    public init(token: String) {
+        self.expected = Array(SHA256.hash(data: Array(token.utf8)))
+    }
+
+    public func matches(_ presented: Substring) -> Bool {
+        let digest = Array(SHA256.hash(data: Array(presented.utf8)))
+        var difference: UInt8 = 0
+        for index in 0..<self.expected.count { difference |= self.expected[index] ^ digest[index] }
+        return difference == 0
+    }
+}

@@ -1,0 +1,77 @@
+import HTTPTypes
+import Hummingbird
+import Logging
+
+/// Credentials that may change on `SIGHUP` (secret files are re-read): swapped atomically, read per request.
+public final class CredentialBox: Sendable {
+    public struct Credentials: Sendable {
+        public var tokens: TokenVerifier
+        public var admin: AdminTokenCheck?
+        public init(tokens: TokenVerifier, admin: AdminTokenCheck?) {
+            self.tokens = tokens
+            self.admin = admin
+        }
+    }
+
+    private let state: ReadMostly<Credentials>
+
+    public init(_ credentials: Credentials) {
+        self.state = ReadMostly(credentials)
+    }
+
+    public var current: Credentials { self.state.value }
+    public func replace(_ credentials: Credentials) { self.state.value = credentials }
+}
+
+/// The bearer token of a request, or a 401 saying what is wrong with the header.
+func bearerToken(_ request: Request) throws(AppError) -> Substring {
+    guard let header = request.headers[.authorization] else {
+        throw AppError.unauthorized("missing bearer token")
+    }
+    let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+    guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else {
+        throw AppError.unauthorized("malformed Authorization header: expected 'Bearer <token>'")
+    }
+    return parts[1]
+}
+
+/// Authenticates end users by their JWT (`sub` = user id). Every failure is a 401.
+struct UserAuthMiddleware: RouterMiddleware {
+    typealias Context = AppRequestContext
+    let credentials: CredentialBox
+
+    func handle(
+        _ request: Request, context: AppRequestContext,
+        next: (Request, AppRequestContext) async throws -> Response
+    ) async throws -> Response {
+        let token = try bearerToken(request)
+        do {
+            let userID = try self.credentials.current.tokens.verify(token)
+            var context = context
+            context.userID = userID
+            context.logger[metadataKey: "metricsd.user.id"] = .stringConvertible(userID)
+            return try await next(request, context)
+        } catch let error as TokenError {
+            context.logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)"])
+            throw AppError.unauthorized(error.message)
+        }
+    }
+}
+
+/// Authenticates operators by the admin token (constant-time comparison). User JWTs are never admin tokens.
+struct AdminAuthMiddleware: RouterMiddleware {
+    typealias Context = AppRequestContext
+    let credentials: CredentialBox
+
+    func handle(
+        _ request: Request, context: AppRequestContext,
+        next: (Request, AppRequestContext) async throws -> Response
+    ) async throws -> Response {
+        let token = try bearerToken(request)
+        guard let check = self.credentials.current.admin, check.matches(token) else {
+            context.logger.notice("Admin token refused")
+            throw AppError.unauthorized("invalid admin token")
+        }
+        return try await next(request, context)
+    }
+}

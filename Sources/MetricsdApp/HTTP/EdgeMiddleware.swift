@@ -1,0 +1,180 @@
+import CoreMetrics
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import MetricsdPostgres
+import NIOCore
+import Synchronization
+
+/// The request context of every route: the authenticated user, and a 16 KiB body limit (bigger bodies get 413).
+public struct AppRequestContext: RequestContext {
+    public var coreContext: CoreRequestContextStorage
+    /// Set by `UserAuthMiddleware` from the token's `sub`.
+    public var userID: Int64?
+    /// The correlation id (`X-Request-Id`).
+    public var requestID: String = ""
+
+    public init(source: ApplicationRequestContextSource) {
+        self.coreContext = .init(source: source)
+    }
+
+    public var maxUploadSize: Int { 16 * 1024 }
+}
+
+/// Outermost middleware: correlation id, error bodies, overload shedding, per-route metrics and 405s.
+///
+/// - Every response carries `X-Request-Id` (the client's when it is 1–64 characters of `[A-Za-z0-9._-]`, else a
+///   new one), and every log line about the request carries it as `metricsd.request.id`.
+/// - Every error, Hummingbird's own included, becomes `{"error": …, "statusCode": …}`. Unexpected errors are a
+///   500 whose body says only "internal server error" and the request id; the details go to the log.
+/// - Beyond `maxInFlight` concurrent requests, new ones get an immediate 503 instead of queueing: memory stays
+///   bounded and clients get a fast answer under overload.
+struct EdgeMiddleware: RouterMiddleware {
+    typealias Context = AppRequestContext
+
+    let maxInFlight: Int
+    let inFlight: InFlightCounter
+    let routes: KnownRoutes
+
+    func handle(
+        _ request: Request, context: AppRequestContext,
+        next: (Request, AppRequestContext) async throws -> Response
+    ) async throws -> Response {
+        var context = context
+        let requestID = Self.requestID(from: request.headers[.requestID])
+        context.requestID = requestID
+        context.logger[metadataKey: "hb.request.id"] = .string(requestID)
+        context.logger[metadataKey: "metricsd.request.id"] = .string(requestID)
+        let started = ContinuousClock.now
+        var response: Response
+        var route = "unmatched"
+        if self.inFlight.enter(limit: self.maxInFlight) {
+            defer { self.inFlight.leave() }
+            do {
+                response = try await next(request, context)
+                route = context.coreContext.endpointPath.value ?? route
+            } catch {
+                route = context.coreContext.endpointPath.value ?? route
+                response = self.errorResponse(error, request: request, context: context, requestID: requestID)
+            }
+        } else {
+            response = AppError.unavailable("server busy, retry shortly").response(requestID: requestID)
+            route = "shed"
+        }
+        if route == "NotFound" { route = "unmatched" }
+        response.headers[.requestID] = requestID
+        let seconds = Double((ContinuousClock.now - started).components.attoseconds) / 1e18
+            + Double((ContinuousClock.now - started).components.seconds)
+        HTTPMetrics.record(route: route, method: request.method, status: response.status.code, seconds: seconds)
+        return response
+    }
+
+    private func errorResponse(_ error: any Error, request: Request, context: AppRequestContext, requestID: String)
+        -> Response
+    {
+        switch error {
+        case let error as AppError:
+            if error.status.code >= 500 {
+                context.logger.warning("Request failed", metadata: ["metricsd.error": "\(error.message)"])
+            }
+            return error.response(requestID: requestID)
+        case let error as PostgresError where error.isTransient || error.code == .poolClosed:
+            context.logger.warning("Database unavailable", metadata: ["metricsd.error": "\(error)"])
+            return AppError.unavailable("database unavailable, retry shortly").response(requestID: requestID)
+        case let error as any HTTPResponseError:
+            let status = error.status
+            if status == .notFound, let allowed = self.routes.allowedMethods(for: request.uri.path) {
+                var methodError = AppError(.methodNotAllowed, "method \(request.method.rawValue) is not allowed here")
+                methodError.headers[.allow] = allowed.joined(separator: ", ")
+                return methodError.response(requestID: requestID)
+            }
+            let message: String
+            switch status {
+            case .notFound: message = "no such route: \(request.method.rawValue) \(Self.shownPath(request.uri.path))"
+            case .contentTooLarge: message = "request body is larger than 16 KiB"
+            default: message = (error as? HTTPError)?.body ?? status.reasonPhrase
+            }
+            return AppError(status, message).response(requestID: requestID)
+        default:
+            context.logger.error(
+                "Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
+            return AppError(.internalServerError, "internal server error (request \(requestID))")
+                .response(requestID: requestID)
+        }
+    }
+
+    /// The client's id when well-formed, else a new random one.
+    static func requestID(from header: String?) -> String {
+        if let header, (1...64).contains(header.utf8.count),
+            header.utf8.allSatisfy({ byte in
+                (byte >= 48 && byte <= 57) || (byte >= 65 && byte <= 90) || (byte >= 97 && byte <= 122)
+                    || byte == 45 || byte == 46 || byte == 95
+            })
+        {
+            return header
+        }
+        var generator = SystemRandomNumberGenerator()
+        let value = generator.next() as UInt64
+        let text = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - text.count) + text
+    }
+
+    /// A path as echoed in an error: printable ASCII only, at most 100 characters.
+    static func shownPath(_ path: String) -> String {
+        let printable = path.unicodeScalars.prefix(100).map { $0.value >= 0x21 && $0.value < 0x7f ? Character($0) : "?" }
+        return String(printable) + (path.unicodeScalars.count > 100 ? "…" : "")
+    }
+}
+
+/// Requests in flight, for overload shedding.
+final class InFlightCounter: Sendable {
+    private let count = Atomic<Int>(0)
+
+    /// Takes a slot if fewer than `limit` are taken.
+    func enter(limit: Int) -> Bool {
+        let new = self.count.add(1, ordering: .relaxed).newValue
+        if new > limit {
+            self.count.subtract(1, ordering: .relaxed)
+            return false
+        }
+        return true
+    }
+
+    func leave() { self.count.subtract(1, ordering: .relaxed) }
+
+    var current: Int { self.count.load(ordering: .relaxed) }
+}
+
+/// The API's paths and their methods, for answering 405 (with `Allow`) rather than 404 on a known path.
+struct KnownRoutes: Sendable {
+    /// Path patterns (`{id}` matches one segment) and their methods.
+    let routes: [(pattern: [Substring], methods: [String])]
+
+    init(_ routes: [(String, [String])]) {
+        self.routes = routes.map { (pattern: $0.0.split(separator: "/"), methods: $0.1) }
+    }
+
+    func allowedMethods(for path: String) -> [String]? {
+        let segments = path.split(separator: "/")
+        for route in self.routes where route.pattern.count == segments.count {
+            let matches = zip(route.pattern, segments).allSatisfy { pattern, segment in
+                pattern.hasPrefix("{") || pattern == segment
+            }
+            if matches { return route.methods }
+        }
+        return nil
+    }
+}
+
+/// HTTP series for `/metrics`: requests by route and status, latency by route.
+enum HTTPMetrics {
+    static func record(route: String, method: HTTPRequest.Method, status: Int, seconds: Double) {
+        Counter(
+            label: "metricsd_http_requests_total",
+            dimensions: [("route", route), ("method", method.rawValue), ("status", String(status))]
+        ).increment()
+        Timer(label: "metricsd_http_request_duration_seconds", dimensions: [("route", route)])
+            .recordNanoseconds(Int64(seconds * 1e9))
+    }
+}

@@ -1,0 +1,28 @@
+import Logging
+import MetricsdPostgres
+import ServiceLifecycle
+
+/// Writes this instance's heartbeat row every `interval`, and marks it stopped on a clean shutdown.
+struct InstanceHeartbeat: Service {
+    let instances: Instances
+    let identity: Instances.Identity
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        var failing = false
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            do {
+                try await self.instances.beat(self.identity)
+                failing = false
+            } catch {
+                if !failing {
+                    self.logger.warning("Heartbeat not recorded", metadata: ["metricsd.error": "\(error)"])
+                }
+                failing = true
+            }
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: self.interval) }
+        }
+        try? await self.instances.stopped(self.identity)
+    }
+}

@@ -1,0 +1,219 @@
+import CoreMetrics
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdPostgres
+import ServiceLifecycle
+import Synchronization
+
+/// The daily job and recompute workers of one instance.
+///
+/// - A tick loop asks PostgreSQL, about once a minute, which zones' daily time has passed (the database decides,
+///   on its clock and tz rules; see `SQL.zoneScheduleCTE`) and creates their units. It beats `Liveness` every
+///   second; the database work of a tick runs beside it, so a slow database never looks like a hang.
+/// - Workers claim chunks (daily first, then recompute) and work through them batch by batch. On SIGTERM they
+///   finish the batch in hand, give the chunk back at once and stop.
+public struct Scheduler: Service {
+    public struct Configuration: Sendable {
+        public var tick: Duration = .seconds(60)
+        public var idlePoll: Duration = .seconds(2)
+        public var workers: Int = 2
+        public var stallAfterTicks: Int?
+        public init() {}
+    }
+
+    let queue: WorkQueue
+    let dailyAt: ReadMostly<DailyTime>
+    let configuration: Configuration
+    let liveness: Liveness
+    let signal: WorkSignal
+    let started: StartupGate
+    let status: StatusBoard
+    let reporter: OperatorMetrics
+    let logger: Logger
+
+    init(
+        queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
+        signal: WorkSignal, started: StartupGate, status: StatusBoard, reporter: OperatorMetrics, logger: Logger
+    ) {
+        self.queue = queue
+        self.dailyAt = dailyAt
+        self.configuration = configuration
+        self.liveness = liveness
+        self.signal = signal
+        self.started = started
+        self.status = status
+        self.reporter = reporter
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        self.started.open()
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.tickLoop() }
+            for worker in 0..<self.configuration.workers {
+                group.addTask { await self.workerLoop(worker) }
+            }
+        }
+        self.logger.debug("Scheduler stopped")
+    }
+
+    // MARK: Tick
+
+    private func tickLoop() async {
+        let tickRunning = AtomicFlag()
+        var ticks = 0
+        var nextTick = ContinuousClock.now
+        var lastTimezoneRefresh: ContinuousClock.Instant?
+        await withDiscardingTaskGroup { group in
+            while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                if let stallAfter = self.configuration.stallAfterTicks, ticks >= stallAfter {
+                    // Test fault: the loop hangs (no beats), as a deadlock would. Only cancellation ends it.
+                    self.logger.warning("Fault injection: scheduler loop stalled")
+                    while !Task.isCancelled { try? await Task.sleep(for: .milliseconds(200)) }
+                    break
+                }
+                self.liveness.beat()
+                let now = ContinuousClock.now
+                if now >= nextTick {
+                    ticks += 1
+                    nextTick = Self.nextTick(after: now, interval: self.configuration.tick)
+                    let refresh = lastTimezoneRefresh.map { now - $0 > .seconds(3600) } ?? true
+                    if refresh { lastTimezoneRefresh = now }
+                    if tickRunning.set() {
+                        group.addTask {
+                            await self.tick(refreshTimezones: refresh)
+                            tickRunning.clear()
+                        }
+                    } else {
+                        self.logger.warning("Previous scheduler tick still running; skipping this one")
+                    }
+                }
+                let slice = min(Duration.seconds(1), self.configuration.tick)
+                try? await Task.sleep(for: min(slice, max(.milliseconds(10), nextTick - ContinuousClock.now)))
+            }
+        }
+    }
+
+    /// The next tick: every `interval`, aligned to wall-clock minutes (plus one second) when the interval is a
+    /// whole number of minutes, so runs start within about a second of the due minute.
+    static func nextTick(after now: ContinuousClock.Instant, interval: Duration) -> ContinuousClock.Instant {
+        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return now + interval }
+        let wall = Date().timeIntervalSince1970
+        let intoMinute = wall.truncatingRemainder(dividingBy: 60)
+        let untilAligned = (61 - intoMinute).truncatingRemainder(dividingBy: 60)
+        let base = now + .milliseconds(Int64(untilAligned * 1000))
+        return base + interval - .seconds(60)
+    }
+
+    private func tick(refreshTimezones: Bool) async {
+        do {
+            if refreshTimezones { try await self.queue.refreshKnownTimezones() }
+            let dailyAt = self.dailyAt.value
+            let units = try await self.queue.enqueueDueUnits(dailyAt: dailyAt)
+            for unit in units {
+                self.logger.info(
+                    "Daily unit due",
+                    metadata: [
+                        "metricsd.zone": "\(unit.timezone)", "metricsd.date": "\(unit.localDate)",
+                        "metricsd.chunks": "\(unit.chunks)",
+                    ])
+            }
+            if !units.isEmpty { self.signal.notify() }
+            for finished in try await self.queue.finishCompleted() { self.reportFinished(finished) }
+            try await self.reporter.refresh(dailyAt: dailyAt)
+            self.status.database(nil)
+        } catch {
+            self.status.database(Self.shortReason(error))
+            self.logger.warning("Scheduler tick failed", metadata: ["metricsd.error": "\(error)"])
+        }
+    }
+
+    // MARK: Workers
+
+    private func workerLoop(_ worker: Int) async {
+        let key = "worker\(worker)"
+        var failures = 0
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            var claimed: ClaimedChunk?
+            do {
+                guard let chunk = try await self.queue.claim() else {
+                    self.status.activity(key, nil)
+                    failures = 0
+                    await cancelWhenGracefulShutdown { await self.signal.wait(timeout: self.configuration.idlePoll) }
+                    continue
+                }
+                claimed = chunk
+                self.status.activity(key, Self.describe(chunk))
+                let started = ContinuousClock.now
+                let liveness = self.liveness
+                let progress = try await self.queue.process(
+                    chunk, shouldStop: { Task.isShuttingDownGracefully }, afterBatch: { _ in liveness.beat() })
+                self.reporter.recordChunk(chunk, progress: progress, duration: ContinuousClock.now - started)
+                switch progress.end {
+                case .finished:
+                    for finished in try await self.queue.finishCompleted(after: chunk) { self.reportFinished(finished) }
+                case .stopped:
+                    self.logger.info("Chunk handed back on shutdown", metadata: Self.metadata(chunk))
+                case .leaseLost:
+                    self.logger.warning(
+                        "Chunk lease lost to another worker, or its work was cancelled; batch rolled back",
+                        metadata: Self.metadata(chunk))
+                }
+                failures = 0
+                self.status.database(nil)
+            } catch {
+                failures += 1
+                self.status.database(Self.shortReason(error))
+                var metadata = claimed.map(Self.metadata) ?? [:]
+                metadata["metricsd.error"] = "\(error)"
+                self.logger.warning("Worker failed; retrying", metadata: metadata)
+                if let chunk = claimed { try? await self.queue.fail(chunk, error: "\(error)") }
+                let backoff = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
+                await cancelWhenGracefulShutdown { try? await Task.sleep(for: backoff) }
+            }
+            self.status.activity(key, nil)
+        }
+    }
+
+    private func reportFinished(_ finished: WorkQueue.Finished) {
+        self.reporter.recordFinished(finished)
+        switch finished {
+        case .unit(let zone, let date, let version, let total, let computed, let skipped, let seconds):
+            self.logger.info(
+                "Daily unit done",
+                metadata: [
+                    "metricsd.zone": "\(zone)", "metricsd.date": "\(date)", "metricsd.version": "\(version)",
+                    "metricsd.users.total": "\(total)", "metricsd.users.computed": "\(computed)",
+                    "metricsd.users.skipped": "\(skipped)",
+                    "metricsd.duration.seconds": "\((seconds * 1000).rounded() / 1000)",
+                ])
+        case .job(let id):
+            self.logger.info("Recompute job done", metadata: ["metricsd.job.id": "\(id)"])
+        }
+    }
+
+    static func describe(_ chunk: ClaimedChunk) -> String {
+        switch chunk.kind {
+        case .daily(let zone, let date): "daily \(zone) \(date)"
+        case .recompute(let job): "recompute job \(job)"
+        }
+    }
+
+    static func metadata(_ chunk: ClaimedChunk) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["metricsd.chunk.id": "\(chunk.id)"]
+        switch chunk.kind {
+        case .daily(let zone, let date):
+            metadata["metricsd.zone"] = "\(zone)"
+            metadata["metricsd.date"] = "\(date)"
+        case .recompute(let job):
+            metadata["metricsd.job.id"] = "\(job)"
+        }
+        return metadata
+    }
+
+    static func shortReason(_ error: any Error) -> String {
+        let text = "\(error)"
+        return text.count > 80 ? String(text.prefix(79)) + "…" : text
+    }
+}

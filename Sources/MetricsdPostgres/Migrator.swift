@@ -1,0 +1,120 @@
+import Logging
+
+/// One ordered, forward-only schema change (`migrations/NNNN_name.sql`, embedded in the binary).
+public struct Migration: Sendable, Hashable {
+    public let name: String
+    public let sql: String
+
+    public init(name: String, sql: String) {
+        self.name = name
+        self.sql = sql
+    }
+}
+
+/// Where the database's schema stands relative to this build.
+public struct SchemaStatus: Sendable, Equatable {
+    /// Migrations of this build not applied yet, in order.
+    public let pending: [String]
+    /// Applied migrations this build does not know (a newer metricsd migrated the database).
+    public let unknown: [String]
+    /// Applied migrations whose text differs from this build's (edited after being applied).
+    public let changed: [String]
+    /// The last applied migration, nil on an empty database.
+    public let latestApplied: String?
+
+    public var isCurrent: Bool { self.pending.isEmpty && self.changed.isEmpty }
+}
+
+/// Applies `migrations/` in order, each in its own transaction, recorded with its checksum in
+/// `metricsd_migrations`. A session advisory lock makes concurrent runs (several instances starting at once)
+/// take turns: the second finds everything applied and does nothing. A migration whose text changed after it was
+/// applied stops everything with an error naming it.
+public struct Migrator: Sendable {
+    /// The advisory lock key: `hashtext('metricsd.migrate')` would do too, but a constant is easy to look up in
+    /// `pg_locks` (classid 0x6d657472 'metr', objid 0x69637364 'icsd').
+    static let lockKey: Int64 = 0x6d65_7472_6963_7364
+
+    public let migrations: [Migration]
+
+    public init(migrations: [Migration] = Migration.all) {
+        self.migrations = migrations
+    }
+
+    /// Reads which migrations are applied, without changing anything.
+    public func status(on connection: PostgresConnection) throws -> SchemaStatus {
+        let exists = try connection.query("SELECT to_regclass('metricsd_migrations') IS NOT NULL")
+        let applied: [(name: String, checksum: String)]
+        if try exists.bool(0, 0) {
+            let result = try connection.query("SELECT name, checksum FROM metricsd_migrations ORDER BY name")
+            applied = try (0..<result.rowCount).map { (try result.requiredString($0, 0), try result.requiredString($0, 1)) }
+        } else {
+            applied = []
+        }
+        let known = Dictionary(uniqueKeysWithValues: self.migrations.map { ($0.name, $0) })
+        var changed: [String] = []
+        for row in applied {
+            if let migration = known[row.name], try Self.checksum(migration.sql, on: connection) != row.checksum {
+                changed.append(row.name)
+            }
+        }
+        let appliedNames = Set(applied.map(\.name))
+        return SchemaStatus(
+            pending: self.migrations.map(\.name).filter { !appliedNames.contains($0) },
+            unknown: applied.map(\.name).filter { known[$0] == nil },
+            changed: changed,
+            latestApplied: applied.last?.name)
+    }
+
+    /// Applies every pending migration. `beforeStep` runs before each one (systemd's `EXTEND_TIMEOUT_USEC`).
+    /// - Returns: the names applied by this call (empty when the schema was already current).
+    @discardableResult
+    public func migrate(
+        on connection: PostgresConnection, logger: Logger, beforeStep: (String, Int, Int) -> Void = { _, _, _ in }
+    ) throws -> [String] {
+        try connection.query("SELECT pg_advisory_lock($1)", [String(Self.lockKey)])
+        defer { _ = try? connection.query("SELECT pg_advisory_unlock($1)", [String(Self.lockKey)]) }
+        try connection.execute(
+            """
+            CREATE TABLE IF NOT EXISTS metricsd_migrations (
+              name       TEXT PRIMARY KEY,
+              checksum   TEXT NOT NULL,
+              applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+            )
+            """)
+        let status = try self.status(on: connection)
+        if let first = status.changed.first {
+            throw MigrationError(
+                message:
+                    "migration \(first) was changed after it was applied; restore the original file and add a new migration instead"
+            )
+        }
+        var applied: [String] = []
+        for (index, name) in status.pending.enumerated() {
+            guard let migration = self.migrations.first(where: { $0.name == name }) else { continue }
+            beforeStep(name, index + 1, status.pending.count)
+            logger.info("Applying migration", metadata: ["metricsd.migration": "\(name)"])
+            do {
+                try connection.transaction { connection in
+                    try connection.execute(migration.sql)
+                    try connection.query(
+                        "INSERT INTO metricsd_migrations (name, checksum) VALUES ($1, encode(sha256(convert_to($2, 'UTF8')), 'hex'))",
+                        [migration.name, migration.sql])
+                }
+            } catch let error as PostgresError {
+                throw MigrationError(message: "migration \(name) failed: \(error)")
+            }
+            applied.append(name)
+        }
+        return applied
+    }
+
+    static func checksum(_ sql: String, on connection: PostgresConnection) throws -> String {
+        try connection.query("SELECT encode(sha256(convert_to($1, 'UTF8')), 'hex')", [sql]).requiredString(0, 0)
+    }
+}
+
+/// A migration could not be applied; the message names it and says what to do.
+public struct MigrationError: Error, CustomStringConvertible, Sendable {
+    public let message: String
+    public var description: String { self.message }
+}

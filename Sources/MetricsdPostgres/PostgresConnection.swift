@@ -1,0 +1,212 @@
+internal import CLibPQ
+import Glibc
+
+/// How to reach PostgreSQL: a libpq connection string or URI, plus the few defaults metricsd adds.
+///
+/// An empty `conninfo` means libpq's own defaults and the `PG*` environment (`PGHOST`, `PGSERVICE`,
+/// `PGSSLMODE`, `.pgpass` …) exactly as psql would use them. metricsd only adds `application_name=metricsd`,
+/// `connect_timeout=5` and TCP keepalives, each placed *before* the connection string so that anything the
+/// operator wrote wins, and each left out when its `PG*` variable is set.
+public struct ConnectionSettings: Sendable {
+    public let conninfo: String
+    /// Password from a systemd credential (`$CREDENTIALS_DIRECTORY/db-password`); overrides the string's.
+    public let password: String?
+    let defaults: [(String, String)]
+
+    /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`.
+    public init(conninfo: String, password: String? = nil, environment: [String: String]) throws(PostgresError) {
+        if !conninfo.isEmpty {
+            var errorMessage: UnsafeMutablePointer<CChar>?
+            if let options = PQconninfoParse(conninfo, &errorMessage) {
+                PQconninfoFree(options)
+            } else {
+                let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
+                PQfreemem(errorMessage)
+                throw PostgresError(code: .badConnectionString, message: "DATABASE_URL is not valid: \(message)")
+            }
+        }
+        var defaults: [(String, String)] = []
+        if environment["PGAPPNAME"] == nil { defaults.append(("application_name", "metricsd")) }
+        if environment["PGCONNECT_TIMEOUT"] == nil { defaults.append(("connect_timeout", "5")) }
+        defaults += [("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3")]
+        self.conninfo = conninfo
+        self.password = password
+        self.defaults = defaults
+    }
+
+    /// The keywords and values handed to `PQconnectdbParams` with `expand_dbname = 1`: defaults, then the
+    /// operator's string (expanded in place of `dbname`), then the credential password.
+    var parameters: [(String, String)] {
+        var parameters = self.defaults
+        parameters.append(("dbname", self.conninfo))
+        if let password { parameters.append(("password", password)) }
+        return parameters
+    }
+}
+
+/// One libpq connection. Not thread-safe: the pool hands it to one thread-pool job at a time.
+public final class PostgresConnection: @unchecked Sendable {  // exclusive use is enforced by PostgresPool
+    private let handle: OpaquePointer
+    private var preparedNames: Set<String> = []
+    /// Set once the connection has failed in a way that makes it unusable.
+    public private(set) var isBroken = false
+
+    /// Opens a connection (blocking; call from a thread-pool thread).
+    public init(settings: ConnectionSettings) throws(PostgresError) {
+        let parameters = settings.parameters
+        let handle = Self.withCStrings(parameters.map(\.0)) { keywords in
+            Self.withCStrings(parameters.map(\.1)) { values in
+                PQconnectdbParams(keywords, values, 1)
+            }
+        }
+        guard let handle else { throw PostgresError(code: .connectionFailed, message: "out of memory") }
+        guard PQstatus(handle) == CONNECTION_OK else {
+            let message = String(cString: PQerrorMessage(handle))
+            PQfinish(handle)
+            // "too many clients" and "starting up" arrive here as text only: keep the SQLSTATE-like hint.
+            throw PostgresError(code: .connectionFailed, message: message)
+        }
+        // Server notices ("relation … already exists, skipping") would go to stderr: drop them.
+        PQsetNoticeProcessor(handle, { _, _ in }, nil)
+        self.handle = handle
+    }
+
+    deinit { PQfinish(self.handle) }
+
+    /// The server process serving this connection (`pg_backend_pid()`).
+    public var backendPID: Int32 { PQbackendPID(self.handle) }
+
+    /// True while libpq believes the connection is usable.
+    public var isHealthy: Bool { !self.isBroken && PQstatus(self.handle) == CONNECTION_OK }
+
+    /// Runs one statement with text parameters (`$1`, `$2` …; nil is SQL NULL). Values never enter the SQL text.
+    @discardableResult
+    public func query(_ sql: String, _ parameters: [String?] = []) throws(PostgresError) -> PostgresResult {
+        let result = Self.withOptionalCStrings(parameters) { values in
+            PQexecParams(self.handle, sql, Int32(parameters.count), nil, values, nil, nil, 0)
+        }
+        return try self.check(result)
+    }
+
+    /// Runs a statement through a named prepared statement, preparing it on first use on this connection.
+    @discardableResult
+    public func prepared(_ name: String, _ sql: String, _ parameters: [String?] = []) throws(PostgresError)
+        -> PostgresResult
+    {
+        if !self.preparedNames.contains(name) {
+            _ = try self.check(PQprepare(self.handle, name, sql, Int32(parameters.count), nil))
+            self.preparedNames.insert(name)
+        }
+        let result = Self.withOptionalCStrings(parameters) { values in
+            PQexecPrepared(self.handle, name, Int32(parameters.count), values, nil, nil, 0)
+        }
+        return try self.check(result)
+    }
+
+    /// Runs statements without parameters (several separated by `;` are allowed): migrations, `BEGIN`, `LISTEN`.
+    public func execute(_ sql: String) throws(PostgresError) {
+        _ = try self.check(PQexec(self.handle, sql))
+    }
+
+    /// `BEGIN` … `COMMIT`, or `ROLLBACK` when `body` throws (the error is rethrown).
+    public func transaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try self.execute("BEGIN")
+        do {
+            let value = try body(self)
+            try self.execute("COMMIT")
+            return value
+        } catch {
+            if self.isHealthy { try? self.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// Cuts the connection's socket without a goodbye, as a killed process would: the server rolls back the
+    /// open transaction, and every later call fails as a lost connection. For crash-injection tests.
+    public func simulateCrash() {
+        let socket = PQsocket(self.handle)
+        if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
+        self.isBroken = true
+    }
+
+    // MARK: LISTEN / NOTIFY
+
+    /// A notification received on a `LISTEN`ing connection.
+    public struct Notification: Sendable {
+        public let channel: String
+        public let payload: String
+    }
+
+    /// Waits up to `timeoutMilliseconds` for notifications and returns those that arrived (maybe none).
+    public func waitForNotifications(timeoutMilliseconds: Int32) throws(PostgresError) -> [Notification] {
+        var notifications = self.drainNotifications()
+        guard notifications.isEmpty else { return notifications }
+        let socket = PQsocket(self.handle)
+        guard socket >= 0 else {
+            self.isBroken = true
+            throw PostgresError(code: .connectionLost, message: "connection has no socket")
+        }
+        var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&poller, 1, timeoutMilliseconds)
+        if ready > 0 {
+            guard PQconsumeInput(self.handle) == 1 else {
+                self.isBroken = true
+                throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)))
+            }
+            notifications = self.drainNotifications()
+        }
+        if PQstatus(self.handle) != CONNECTION_OK {
+            self.isBroken = true
+            throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)))
+        }
+        return notifications
+    }
+
+    private func drainNotifications() -> [Notification] {
+        var notifications: [Notification] = []
+        while let notify = PQnotifies(self.handle) {
+            let channel = String(cString: notify.pointee.relname)
+            let payload = String(cString: notify.pointee.extra)
+            PQfreemem(notify)
+            notifications.append(Notification(channel: channel, payload: payload))
+        }
+        return notifications
+    }
+
+    // MARK: Results and errors
+
+    private func check(_ result: OpaquePointer?) throws(PostgresError) -> PostgresResult {
+        guard let result else {
+            self.isBroken = PQstatus(self.handle) != CONNECTION_OK
+            throw PostgresError(
+                code: self.isBroken ? .connectionLost : .queryFailed,
+                message: String(cString: PQerrorMessage(self.handle)))
+        }
+        switch PQresultStatus(result) {
+        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+            return PostgresResult(result)
+        default:
+            let sqlState = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+            let primary = PQresultErrorField(result, Int32(UInt8(ascii: "M"))).map { String(cString: $0) }
+            let message = primary ?? String(cString: PQresultErrorMessage(result))
+            PQclear(result)
+            let lost = PQstatus(self.handle) != CONNECTION_OK
+            if lost { self.isBroken = true }
+            throw PostgresError(code: lost ? .connectionLost : .queryFailed, message: message, sqlState: sqlState)
+        }
+    }
+
+    // MARK: C strings
+
+    private static func withCStrings<R>(_ strings: [String], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
+        let copies = strings.map { strdup($0) }
+        defer { copies.forEach { free($0) } }
+        return body(copies.map { $0.map { UnsafePointer($0) } } + [nil])
+    }
+
+    private static func withOptionalCStrings<R>(_ strings: [String?], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
+        let copies = strings.map { $0.map { strdup($0) } ?? nil }
+        defer { copies.forEach { free($0) } }
+        return body(copies.map { $0.map { UnsafePointer($0) } })
+    }
+}

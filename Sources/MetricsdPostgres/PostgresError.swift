@@ -1,0 +1,74 @@
+/// An error from PostgreSQL or from talking to it, with the server's SQLSTATE when there is one.
+public struct PostgresError: Error, Sendable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Base: String, Sendable {
+            case badConnectionString, connectionFailed, connectionLost, queryFailed, unexpectedResult
+            case poolTimeout, poolClosed
+        }
+        private let base: Base
+
+        /// `DATABASE_URL` (or the `PG*` environment) is not a valid libpq connection string.
+        public static let badConnectionString = Code(base: .badConnectionString)
+        /// A new connection could not be opened (server down, refused, authentication, too many connections).
+        public static let connectionFailed = Code(base: .connectionFailed)
+        /// An open connection broke while in use (server restarted, backend terminated, network).
+        public static let connectionLost = Code(base: .connectionLost)
+        /// The server rejected a statement; `sqlState` says why.
+        public static let queryFailed = Code(base: .queryFailed)
+        /// The server answered with a shape the code did not expect (wrong column count, unparsable value).
+        public static let unexpectedResult = Code(base: .unexpectedResult)
+        /// No connection became free within the pool's wait limit.
+        public static let poolTimeout = Code(base: .poolTimeout)
+        /// The pool is shut down.
+        public static let poolClosed = Code(base: .poolClosed)
+
+        public var description: String { self.base.rawValue }
+    }
+
+    public let code: Code
+    /// The server's (or libpq's) message, one line.
+    public let message: String
+    /// The five-character SQLSTATE, e.g. `23505` (unique violation), `57P01` (admin shutdown).
+    public let sqlState: String?
+
+    public init(code: Code, message: String, sqlState: String? = nil) {
+        self.code = code
+        self.message = message.trimmingWhitespaceAndNewlines()
+        self.sqlState = sqlState
+    }
+
+    public var description: String {
+        if let sqlState { return "\(self.message) (SQLSTATE \(sqlState))" }
+        return self.message
+    }
+
+    /// True when the failure is about reaching the database rather than about a statement: worth waiting and
+    /// retrying on another connection (server restarting, connection cut, too many connections, pool busy).
+    public var isTransient: Bool {
+        switch self.code {
+        case .connectionFailed, .connectionLost, .poolTimeout: return true
+        case .queryFailed:
+            guard let sqlState else { return false }
+            // 08: connection exception; 57P0x: operator intervention (admin/crash shutdown, cannot connect now);
+            // 53300: too many connections; 40001/40P01: serialization failure, deadlock.
+            return sqlState.hasPrefix("08") || sqlState.hasPrefix("57P") || sqlState == "53300"
+                || sqlState == "40001" || sqlState == "40P01"
+        default: return false
+        }
+    }
+}
+
+extension String {
+    /// The text with leading and trailing whitespace and newlines removed; inner newlines become spaces so a
+    /// server message stays one log line.
+    func trimmingWhitespaceAndNewlines() -> String {
+        let scalars = self.unicodeScalars
+        var start = scalars.startIndex
+        var end = scalars.endIndex
+        while start < end, scalars[start].properties.isWhitespace { start = scalars.index(after: start) }
+        while end > start, scalars[scalars.index(before: end)].properties.isWhitespace {
+            end = scalars.index(before: end)
+        }
+        return String(String.UnicodeScalarView(scalars[start..<end]).map { $0 == "\n" || $0 == "\r" ? " " : Character($0) })
+    }
+}

@@ -1,0 +1,259 @@
+import CoreMetrics
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A small pool of libpq connections whose blocking calls run on a dedicated `NIOThreadPool`, never on Swift's
+/// cooperative threads.
+///
+/// Connections open lazily, one per slot, up to `size`. A caller that finds every slot busy waits up to
+/// `acquireTimeout` and then gets `.poolTimeout`, which the HTTP layer turns into a fast 503 instead of an
+/// unbounded queue. A connection that breaks (server restart, backend terminated) is dropped and its slot
+/// reopened by the next caller, so the pool heals without a restart.
+public final class PostgresPool: Sendable {
+    public struct Configuration: Sendable {
+        /// Most connections open at once. Default 8.
+        public var size: Int
+        /// How long a caller waits for a free connection before `.poolTimeout`. Default 2 s.
+        public var acquireTimeout: TimeAmount
+
+        public init(size: Int = 8, acquireTimeout: TimeAmount = .seconds(2)) {
+            self.size = size
+            self.acquireTimeout = acquireTimeout
+        }
+    }
+
+    public let settings: ConnectionSettings
+    public let configuration: Configuration
+    /// Runs every blocking libpq call; one thread per connection plus one for a `LISTEN` connection.
+    public let threadPool: NIOThreadPool
+    private let eventLoop: any EventLoop
+    private let state: Mutex<State>
+    private let logger: Logger
+    private let inUseGauge = Gauge(label: "metricsd_db_pool_connections", dimensions: [("state", "in_use")])
+    private let openGauge = Gauge(label: "metricsd_db_pool_connections", dimensions: [("state", "open")])
+    private let waitingGauge = Gauge(label: "metricsd_db_pool_waiting_requests")
+    private let timeoutCounter = Counter(label: "metricsd_db_errors_total", dimensions: [("kind", "pool_timeout")])
+    private let connectErrorCounter = Counter(label: "metricsd_db_errors_total", dimensions: [("kind", "connect")])
+    private let lostCounter = Counter(label: "metricsd_db_errors_total", dimensions: [("kind", "connection_lost")])
+    private let queryErrorCounter = Counter(label: "metricsd_db_errors_total", dimensions: [("kind", "query")])
+
+    private struct Waiter {
+        let id: UInt64
+        let continuation: CheckedContinuation<Slot, any Error>
+    }
+
+    /// What a caller gets: an open connection, or the right to open one in a free slot.
+    private enum Slot {
+        case connection(PostgresConnection)
+        case open
+    }
+
+    private struct State {
+        var idle: [PostgresConnection] = []
+        var open = 0
+        var inUse = 0
+        var waiters: [Waiter] = []
+        var nextWaiterID: UInt64 = 0
+        var closed = false
+    }
+
+    public init(settings: ConnectionSettings, configuration: Configuration = .init(), logger: Logger) {
+        self.settings = settings
+        self.configuration = configuration
+        self.threadPool = NIOThreadPool(numberOfThreads: configuration.size + 1)
+        self.threadPool.start()
+        self.eventLoop = MultiThreadedEventLoopGroup.singleton.any()
+        self.state = Mutex(State())
+        self.logger = logger
+    }
+
+    /// Runs `body` with a connection on the pool's thread pool.
+    ///
+    /// - Parameter retryOnConnectionLoss: for statements that are safe to repeat (reads, idempotent upserts):
+    ///   when the connection turns out to be broken (the server restarted since it was opened), run once more on
+    ///   a fresh connection instead of failing the caller.
+    public func withConnection<T: Sendable>(
+        retryOnConnectionLoss: Bool = false, _ body: @escaping @Sendable (PostgresConnection) throws -> T
+    ) async throws -> T {
+        do {
+            return try await self.runOnce(body)
+        } catch let error as PostgresError where retryOnConnectionLoss && error.code == .connectionLost {
+            return try await self.runOnce(body)
+        }
+    }
+
+    /// Opens a connection outside the pool (for `LISTEN`), on the pool's thread pool.
+    public func openDedicatedConnection() async throws -> PostgresConnection {
+        let settings = self.settings
+        return try await self.threadPool.runIfActive { () throws -> UnsafeTransfer<PostgresConnection> in
+            UnsafeTransfer(try PostgresConnection(settings: settings))
+        }.value
+    }
+
+    /// Runs a blocking call on the pool's thread pool (for a dedicated connection).
+    public func runBlocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await self.threadPool.runIfActive(body)
+    }
+
+    /// Closes idle connections and fails waiting and future callers with `.poolClosed`.
+    public func close() async {
+        let (idle, waiters) = self.state.withLock { state in
+            state.closed = true
+            let idle = state.idle
+            state.open -= idle.count
+            state.idle = []
+            let waiters = state.waiters
+            state.waiters = []
+            return (UnsafeTransfer(idle), waiters)
+        }
+        for waiter in waiters {
+            waiter.continuation.resume(throwing: PostgresError(code: .poolClosed, message: "the database pool is closed"))
+        }
+        _ = try? await self.threadPool.runIfActive { _ = idle.value.count }  // drop the last references on a pool thread
+        try? await self.threadPool.shutdownGracefully()
+    }
+
+    /// Connections currently lent out, and callers waiting for one (for `/metrics` and tests).
+    public var usage: (inUse: Int, open: Int, waiting: Int) {
+        self.state.withLock { ($0.inUse, $0.open, $0.waiters.count) }
+    }
+
+    // MARK: Internals
+
+    private func runOnce<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
+        let slot = try await self.acquire()
+        let settings = self.settings
+        let transfer = UnsafeTransfer(slot)
+        let outcome = try await self.threadPool.runIfActive { () -> UnsafeTransfer<(PostgresConnection?, Result<T, any Error>)> in
+            let connection: PostgresConnection
+            switch transfer.value {
+            case .connection(let existing): connection = existing
+            case .open:
+                do {
+                    connection = try PostgresConnection(settings: settings)
+                } catch {
+                    return UnsafeTransfer((nil, .failure(error)))
+                }
+            }
+            do {
+                return UnsafeTransfer((connection, .success(try body(connection))))
+            } catch {
+                return UnsafeTransfer((connection, .failure(error)))
+            }
+        }.value
+        self.release(outcome.0)
+        if case .failure(let error as PostgresError) = outcome.1 {
+            switch error.code {
+            case .connectionFailed: self.connectErrorCounter.increment()
+            case .connectionLost: self.lostCounter.increment()
+            case .queryFailed: self.queryErrorCounter.increment()
+            default: break
+            }
+        }
+        return try outcome.1.get()
+    }
+
+    private func acquire() async throws -> Slot {
+        enum Immediate {
+            case slot(Slot)
+            case wait
+            case closed
+        }
+        let immediate: Immediate = self.state.withLock { state in
+            if state.closed { return .closed }
+            if let connection = state.idle.popLast() {
+                state.inUse += 1
+                return .slot(.connection(connection))
+            }
+            if state.open < self.configuration.size {
+                state.open += 1
+                state.inUse += 1
+                return .slot(.open)
+            }
+            return .wait
+        }
+        switch immediate {
+        case .closed: throw PostgresError(code: .poolClosed, message: "the database pool is closed")
+        case .slot(let slot):
+            self.recordGauges()
+            return slot
+        case .wait:
+            break
+        }
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Slot, any Error>) in
+            let id: UInt64? = self.state.withLock { state in
+                // Re-check under the lock: a connection may have come back meanwhile.
+                if let connection = state.idle.popLast() {
+                    state.inUse += 1
+                    continuation.resume(returning: .connection(connection))
+                    return nil
+                }
+                if state.open < self.configuration.size {
+                    state.open += 1
+                    state.inUse += 1
+                    continuation.resume(returning: .open)
+                    return nil
+                }
+                state.nextWaiterID += 1
+                state.waiters.append(Waiter(id: state.nextWaiterID, continuation: continuation))
+                return state.nextWaiterID
+            }
+            self.recordGauges()
+            guard let id else { return }
+            self.eventLoop.scheduleTask(in: self.configuration.acquireTimeout) {
+                let waiter: Waiter? = self.state.withLock { state in
+                    guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                    return state.waiters.remove(at: index)
+                }
+                if let waiter {
+                    self.timeoutCounter.increment()
+                    self.recordGauges()
+                    waiter.continuation.resume(
+                        throwing: PostgresError(
+                            code: .poolTimeout, message: "no database connection became free in time"))
+                }
+            }
+        }
+    }
+
+    private func release(_ connection: PostgresConnection?) {
+        let handOff: (Waiter, Slot)? = self.state.withLock { state in
+            state.inUse -= 1
+            let usable = connection.map { $0.isHealthy } ?? false
+            if !usable || state.closed {
+                state.open -= 1
+                guard !state.closed, !state.waiters.isEmpty else { return nil }
+                let waiter = state.waiters.removeFirst()
+                state.open += 1
+                state.inUse += 1
+                return (waiter, .open)
+            }
+            if !state.waiters.isEmpty {
+                let waiter = state.waiters.removeFirst()
+                state.inUse += 1
+                return (waiter, .connection(connection!))
+            }
+            state.idle.append(connection!)
+            return nil
+        }
+        if let (waiter, slot) = handOff {
+            waiter.continuation.resume(returning: slot)
+        }
+        self.recordGauges()
+    }
+
+    private func recordGauges() {
+        let (inUse, open, waiting) = self.usage
+        self.inUseGauge.record(inUse)
+        self.openGauge.record(open)
+        self.waitingGauge.record(waiting)
+    }
+}
+
+/// Moves a value that is not `Sendable` across an isolation boundary where the code guarantees exclusive use.
+public struct UnsafeTransfer<Wrapped>: @unchecked Sendable {  // the pool lends each connection to one job at a time
+    public var value: Wrapped
+    public init(_ value: Wrapped) { self.value = value }
+}

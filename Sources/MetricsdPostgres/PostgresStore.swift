@@ -1,0 +1,139 @@
+import HealthMetrics
+import Logging
+
+/// The HTTP API's store over libpq: the latest-metrics read path, on-demand computation and acknowledgements.
+public final class PostgresStore: MetricsStore {
+    public let pool: PostgresPool
+    public let formula: MetricsFormula
+    private let migrator: Migrator
+    private let logger: Logger
+
+    public init(pool: PostgresPool, formula: MetricsFormula, migrator: Migrator = Migrator(), logger: Logger) {
+        self.pool = pool
+        self.formula = formula
+        self.migrator = migrator
+        self.logger = logger
+    }
+
+    public func latestMetrics(userID: Int64) async throws -> LatestMetrics? {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            try Self.readLatest(userID: userID, on: connection)
+        }
+    }
+
+    public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {
+        let formula = self.formula
+        return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let rows = try UserRow.decode(
+                connection.prepared("read_users_by_id", SQL.readUsersByID, [nil, nil, "{\(userID)}"]))
+            guard let row = rows.first else { return .unknownUser }
+            let batch = EvaluatedBatch([row], formula: formula)
+            try BatchWriter.write(batch, conflict: .refreshIfStale, source: "request", formula: formula, on: connection)
+            if case .skipped(let reasons) = formula.evaluate(
+                row.settings, on: row.localDate, timezoneKnown: row.timezoneKnown, timezone: row.timezone)
+            {
+                return .skipped(reasons)
+            }
+            guard let latest = try Self.readLatest(userID: userID, on: connection) else {
+                throw PostgresError(code: .unexpectedResult, message: "metrics of user \(userID) vanished after being stored")
+            }
+            return .computed(latest)
+        }
+    }
+
+    public func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            // Two concurrent first acknowledgements: the loser's statement can neither insert nor see the
+            // winner's row in its snapshot; a second run sees it.
+            for _ in 0..<2 {
+                let result = try connection.prepared(
+                    "acknowledge", SQL.acknowledge,
+                    [String(userID), String(version), String(computedAt.millisecondsSinceEpoch)])
+                guard try result.bool(0, 0) else { return .noMetrics }
+                guard try result.bool(0, 1) else { return .notCurrent }
+                if let at = try result.optionalInt(0, 2) {
+                    return .acknowledged(at: Timestamp(millisecondsSinceEpoch: at), version: version)
+                }
+            }
+            throw PostgresError(code: .unexpectedResult, message: "acknowledgement of user \(userID) was not recorded")
+        }
+    }
+
+    public func readiness() async -> Readiness {
+        let migrator = self.migrator
+        do {
+            let status = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                try migrator.status(on: connection)
+            }
+            if status.isCurrent { return Readiness(database: .ok, schema: .current, reason: nil) }
+            return Readiness(database: .ok, schema: .behind, reason: Self.describe(status))
+        } catch {
+            return Readiness(database: .unreachable, schema: .unknown, reason: "database unreachable: \(error)")
+        }
+    }
+
+    /// One line for an operator: what is wrong with the schema.
+    public static func describe(_ status: SchemaStatus) -> String {
+        if !status.changed.isEmpty {
+            return "applied migrations were changed since: \(status.changed.joined(separator: ", "))"
+        }
+        if !status.pending.isEmpty {
+            return "schema is behind: \(status.pending.count) pending migration(s) (\(status.pending.joined(separator: ", "))); run `metricsd migrate` or start with --migrate"
+        }
+        return "schema is current"
+    }
+
+    static func readLatest(userID: Int64, on connection: PostgresConnection) throws -> LatestMetrics? {
+        let result = try connection.prepared("latest_metrics", SQL.latestMetrics, [String(userID)])
+        guard result.rowCount == 1 else { return nil }
+        let bmiText = try result.requiredString(0, 0)
+        guard let bmi = FixedPoint(parsing: bmiText, scale: 1) else {
+            throw PostgresError(code: .unexpectedResult, message: "bmi \(bmiText) of user \(userID) is not a number")
+        }
+        let metrics = ComputedMetrics(
+            bmiTenths: bmi.units, bmr: try result.int(0, 1), tdee: try result.int(0, 2),
+            version: Int(try result.int(0, 3)))
+        return LatestMetrics(
+            metrics: metrics,
+            computedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 4)),
+            acknowledgedAt: try result.optionalInt(0, 5).map { Timestamp(millisecondsSinceEpoch: $0) })
+    }
+}
+
+/// Runs `SQL.writeBatch` for an evaluated batch.
+enum BatchWriter {
+    struct Fence {
+        let chunkID: Int64
+        let owner: String
+        let cursor: Int64
+        let leaseSeconds: Double
+        let last: Bool
+    }
+
+    /// - Returns: (fence held, rows written, skips recorded). Unfenced writes always "hold" the fence.
+    @discardableResult
+    static func write(
+        _ batch: EvaluatedBatch, conflict: SQL.Conflict, fence: Fence? = nil, source: String, now: Timestamp? = nil,
+        formula: MetricsFormula, on connection: PostgresConnection
+    ) throws -> (fenced: Bool, written: Int, skipped: Int) {
+        let name: String
+        switch (conflict, fence != nil) {
+        case (.keep, true): name = "write_keep_fenced"
+        case (.keep, false): name = "write_keep"
+        case (.updateIfChanged, true): name = "write_update_fenced"
+        case (.updateIfChanged, false): name = "write_update"
+        case (.refreshIfStale, true): name = "write_refresh_fenced"
+        case (.refreshIfStale, false): name = "write_refresh"
+        }
+        var parameters: [String?] = [now?.iso8601]
+        parameters += [
+            fence.map { String($0.chunkID) }, fence?.owner, fence.map { String($0.cursor) },
+            fence.map { _ in String(batch.computedIDs.count) }, fence.map { _ in String(batch.skippedIDs.count) },
+            fence.map { String($0.leaseSeconds) }, fence.map { $0.last ? "true" : "false" },
+        ]
+        parameters += batch.metricsParameters
+        parameters += [String(formula.version), batch.skipsParameter, batch.clearedParameter, source]
+        let result = try connection.prepared(name, SQL.writeBatch(conflict, fenced: fence != nil), parameters)
+        return (try result.int(0, 0) == 1, Int(try result.int(0, 1)), Int(try result.int(0, 2)))
+    }
+}

@@ -1,0 +1,441 @@
+/// Every statement metricsd runs, in one place. Values are always parameters (`$n`), never part of the text.
+///
+/// Statements that depend on the time take the injected instant as `$1` and read the clock as
+/// `coalesce($1::timestamptz, now())`: NULL in production (the database's clock, shared by every instance),
+/// a fixed instant in tests.
+enum SQL {
+    // MARK: Schedule: the one place that decides when a zone's daily run is due
+
+    /// Each time zone in use, whether the database knows it, its local time now, and its **due date**: the latest
+    /// local date whose daily time has passed, `local_now::date - (local_now::time < daily_at)`.
+    ///
+    /// Evaluated on the database's clock and tz rules. This wall-clock predicate gives exactly the semantics of
+    /// SPEC.md: the run falls due at the first instant at or after D + daily time local; in a DST gap that is the
+    /// first instant after the gap (local time jumps past the daily time); in an overlap the date is already
+    /// due at the first occurrence and the (zone, date, version) key makes the second one a no-op.
+    /// Zones PostgreSQL does not know follow UTC, so their users are still listed as skipped once a day.
+    ///
+    /// Parameters: `$1` now (NULL = `now()`), `$2` daily time (`HH:MM`). The zones come from a loose index scan
+    /// over `users (timezone, id)`: one probe per distinct zone, not a scan of every user.
+    static let zoneScheduleCTE = """
+        RECURSIVE zones(timezone) AS (
+          (SELECT timezone FROM users ORDER BY timezone LIMIT 1)
+          UNION ALL
+          SELECT (SELECT u.timezone FROM users u WHERE u.timezone > z.timezone ORDER BY u.timezone LIMIT 1)
+          FROM zones z WHERE z.timezone IS NOT NULL
+        ),
+        clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
+        local AS (
+          SELECT z.timezone, k.name IS NOT NULL AS known,
+                 CASE WHEN k.name IS NOT NULL THEN c.now AT TIME ZONE z.timezone
+                      ELSE c.now AT TIME ZONE 'UTC' END AS local_now
+          FROM zones z CROSS JOIN clock c LEFT JOIN known_timezones k ON k.name = z.timezone
+          WHERE z.timezone IS NOT NULL
+        ),
+        schedule AS (
+          SELECT timezone, known, local_now, local_now::date - (local_now::time < $2::time)::int AS due_date
+          FROM local
+        )
+        """
+
+    /// For reporting only (overdue ages in `metricsd status` and `/metrics`): each zone's due date and the
+    /// instant its daily time fell due, `due_at`: the first instant whose local time is at or after
+    /// `due_date + daily_at`. Never built from components with `AT TIME ZONE` alone, which resolves a gap an
+    /// hour late and an overlap at the second occurrence: the candidates between the earliest and the latest
+    /// possible offset are stepped minute by minute (one candidate outside DST changes). Follows
+    /// `zoneScheduleCTE`; same parameters.
+    static let dueInstantCTE = """
+        due AS (
+          SELECT s.timezone, s.known, s.due_date, s.due_date + $2::time AS local_due,
+                 CASE WHEN s.known THEN (s.due_date + $2::time) AT TIME ZONE s.timezone
+                      ELSE (s.due_date + $2::time) AT TIME ZONE 'UTC' END AS pg_due
+          FROM schedule s
+        ),
+        due_at AS (
+          SELECT d.timezone, d.known, d.due_date,
+                 CASE WHEN NOT d.known THEN d.pg_due ELSE (
+                   SELECT min(t) FROM generate_series(
+                     (d.local_due - greatest(
+                        ((d.pg_due - interval '1 day') AT TIME ZONE d.timezone)
+                          - ((d.pg_due - interval '1 day') AT TIME ZONE 'UTC'),
+                        ((d.pg_due + interval '1 day') AT TIME ZONE d.timezone)
+                          - ((d.pg_due + interval '1 day') AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC',
+                     d.pg_due, interval '1 minute') AS t
+                   WHERE (t AT TIME ZONE d.timezone) >= d.local_due)
+                 END AS due_at
+          FROM due d
+        )
+        """
+
+    /// Creates the daily unit of every zone whose due date has no unit yet. Never creates a unit for a date older
+    /// than one that exists (no back-filling). `$3` formula version. Returns the new units.
+    static let enqueueDueUnits = """
+        WITH \(zoneScheduleCTE)
+        INSERT INTO daily_units (timezone, local_date, version, timezone_known, created_at)
+        SELECT s.timezone, s.due_date, $3, s.known, (SELECT now FROM clock)
+        FROM schedule s
+        WHERE NOT EXISTS (
+          SELECT 1 FROM daily_units d
+          WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
+        ON CONFLICT DO NOTHING
+        RETURNING timezone, local_date::text, created_at
+        """
+
+    /// Splits a new daily unit into ranges of about `$5` users of its zone; the last range is open-ended so users
+    /// who arrive while the unit runs are included. `$1` now, `$2` zone, `$3` date, `$4` version.
+    static let splitDailyUnit = """
+        WITH numbered AS (
+          SELECT id, row_number() OVER (ORDER BY id) AS n, count(*) OVER () AS total
+          FROM users WHERE timezone = $2
+        ),
+        bounds AS (
+          SELECT lag(id, 1, -9223372036854775808) OVER (ORDER BY id) AS lo,
+                 CASE WHEN n = total THEN 9223372036854775807 ELSE id END AS hi, total
+          FROM numbered WHERE n % $5 = 0 OR n = total
+        ),
+        chunks AS (
+          INSERT INTO work_chunks (kind, priority, timezone, local_date, version, range_start, range_end,
+                                   cursor_user_id, created_at)
+          SELECT 'daily', 0, $2, $3::date, $4, lo, hi, lo, coalesce($1::timestamptz, now()) FROM bounds
+          RETURNING 1
+        )
+        UPDATE daily_units SET users_total = coalesce((SELECT max(total) FROM bounds), 0)
+        WHERE timezone = $2 AND local_date = $3::date AND version = $4
+        RETURNING (SELECT count(*) FROM chunks)
+        """
+
+    /// Older units of a zone that never finished stop here: their date is no longer current, and metricsd does
+    /// not back-fill. `$1` now, `$2` zone, `$3` the new current date, `$4` version.
+    static let supersedeOlderUnits = """
+        WITH units AS (
+          UPDATE daily_units SET state = 'superseded', finished_at = coalesce($1::timestamptz, now())
+          WHERE timezone = $2 AND version = $4 AND local_date < $3::date AND state IN ('pending', 'running')
+          RETURNING local_date
+        )
+        UPDATE work_chunks SET state = 'superseded', finished_at = coalesce($1::timestamptz, now())
+        WHERE kind = 'daily' AND timezone = $2 AND version = $4 AND local_date < $3::date
+          AND state IN ('pending', 'running')
+        RETURNING (SELECT count(*) FROM units)
+        """
+
+    /// Marks units and jobs done whose chunks all are (normally done by the last chunk; this sweep covers a
+    /// crash between a chunk's commit and that step). `$1` now; one unit (`$2` zone, `$3` date, `$4` version),
+    /// one job (`$5`), or everything when `$2` and `$5` are both NULL. Returns what it finished.
+    static let finishCompletedParents = """
+        WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
+        units AS (
+          UPDATE daily_units d SET state = 'done', finished_at = (SELECT now FROM clock)
+          WHERE d.state IN ('pending', 'running')
+            AND (($2::text IS NULL AND $5::bigint IS NULL)
+                 OR (d.timezone = $2 AND d.local_date = $3::date AND d.version = $4))
+            AND NOT EXISTS (
+              SELECT 1 FROM work_chunks c
+              WHERE c.kind = 'daily' AND c.timezone = d.timezone AND c.local_date = d.local_date
+                AND c.version = d.version AND c.state <> 'done')
+          RETURNING d.timezone, d.local_date, d.version, d.users_total, d.created_at, d.started_at
+        ),
+        jobs AS (
+          UPDATE recompute_jobs j SET state = 'done', finished_at = (SELECT now FROM clock)
+          WHERE j.state IN ('pending', 'running') AND (($2::text IS NULL AND $5::bigint IS NULL) OR j.id = $5)
+            AND EXISTS (SELECT 1 FROM work_chunks c WHERE c.job_id = j.id)
+            AND NOT EXISTS (SELECT 1 FROM work_chunks c WHERE c.job_id = j.id AND c.state <> 'done')
+          RETURNING j.id
+        )
+        SELECT 'unit', u.timezone, u.local_date::text, u.version, u.users_total,
+               coalesce(sum(c.users_done), 0), coalesce(sum(c.users_skipped), 0),
+               extract(epoch FROM (SELECT now FROM clock) - coalesce(u.started_at, u.created_at))::float8
+        FROM units u
+        LEFT JOIN work_chunks c ON c.kind = 'daily' AND c.timezone = u.timezone AND c.local_date = u.local_date
+                               AND c.version = u.version
+        GROUP BY u.timezone, u.local_date, u.version, u.users_total, u.started_at, u.created_at
+        UNION ALL
+        SELECT 'job', id::text, NULL, NULL, NULL, NULL, NULL, NULL FROM jobs
+        """
+
+    // MARK: Claiming (daily units and recompute jobs alike)
+
+    /// Claims the next chunk: daily work first, then recompute work, each in creation order. A chunk is free
+    /// when pending, or when its lease has expired by the database clock (its holder crashed or stalled).
+    /// Marks its unit or job running. Only chunks of this build's formula version are claimed: during a rolling
+    /// upgrade each version's instances do their own version's work. `$1` now, `$2` owner, `$3` lease seconds,
+    /// `$4` formula version.
+    static let claimChunk = """
+        WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
+        next AS (
+          SELECT c.id FROM work_chunks c
+          WHERE c.version = $4
+            AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
+          ORDER BY c.priority, c.id
+          LIMIT 1
+          FOR UPDATE OF c SKIP LOCKED
+        ),
+        claimed AS (
+          UPDATE work_chunks c
+          SET state = 'running', lease_owner = $2, lease_until = (SELECT now FROM clock) + make_interval(secs => $3),
+              attempts = c.attempts + 1, started_at = coalesce(c.started_at, (SELECT now FROM clock))
+          FROM next WHERE c.id = next.id
+          RETURNING c.id, c.kind, c.timezone, c.local_date, c.version, c.job_id, c.range_start, c.range_end,
+                    c.cursor_user_id, c.attempts
+        ),
+        unit AS (
+          UPDATE daily_units d SET state = 'running', started_at = coalesce(d.started_at, (SELECT now FROM clock))
+          FROM claimed c
+          WHERE c.kind = 'daily' AND d.timezone = c.timezone AND d.local_date = c.local_date
+            AND d.version = c.version AND d.state = 'pending'
+          RETURNING 1
+        ),
+        job AS (
+          UPDATE recompute_jobs j SET state = 'running', started_at = coalesce(j.started_at, (SELECT now FROM clock))
+          FROM claimed c WHERE c.kind = 'recompute' AND j.id = c.job_id AND j.state = 'pending'
+          RETURNING 1
+        )
+        SELECT id, kind, timezone, local_date::text, version, job_id, range_start, range_end, cursor_user_id, attempts
+        FROM claimed
+        """
+
+    /// Gives a chunk back at once (graceful stop): a peer may claim it on its next tick. `$1` now, `$2` id,
+    /// `$3` owner.
+    static let releaseChunk = """
+        UPDATE work_chunks SET lease_until = coalesce($1::timestamptz, now()) - interval '1 millisecond'
+        WHERE id = $2 AND lease_owner = $3 AND state = 'running'
+        """
+
+    /// Records a failed attempt and backs off before the chunk may be claimed again (1 s, 2 s, 4 s … 5 min).
+    /// `$1` now, `$2` id, `$3` owner, `$4` error.
+    /// A recompute chunk that failed 10 times fails its job (an operator must look); a daily chunk keeps
+    /// retrying, and shows as overdue.
+    static let failChunk = """
+        WITH failed AS (
+          UPDATE work_chunks
+          SET lease_until = coalesce($1::timestamptz, now())
+                            + make_interval(secs => least(300, power(2, least(attempts, 9)))),
+              last_error = left($4, 500),
+              state = CASE WHEN kind = 'recompute' AND attempts >= 10 THEN 'cancelled' ELSE state END
+          WHERE id = $2 AND lease_owner = $3 AND state = 'running'
+          RETURNING job_id, attempts
+        ),
+        job AS (
+          UPDATE recompute_jobs SET state = 'failed', finished_at = coalesce($1::timestamptz, now()),
+                                    last_error = left($4, 500)
+          WHERE id IN (SELECT job_id FROM failed WHERE attempts >= 10) AND state IN ('pending', 'running')
+          RETURNING id
+        )
+        UPDATE work_chunks SET state = 'cancelled', finished_at = coalesce($1::timestamptz, now())
+        WHERE job_id IN (SELECT id FROM job) AND state IN ('pending', 'running') AND id <> $2
+        """
+
+    // MARK: Reading users
+
+    /// The columns every way of reading users returns, decoded by `UserRow.decode`.
+    /// The local date is the unit's (`$2`) for daily work, else each user's current local date by the database
+    /// clock; zones the database does not know use UTC (the user is skipped anyway).
+    static func readUsers(where condition: String, order: String, limit: String?) -> String {
+        """
+        WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now)
+        SELECT u.id, u.timezone, k.name IS NOT NULL AS known,
+               coalesce($2::date,
+                        CASE WHEN k.name IS NOT NULL THEN ((SELECT now FROM clock) AT TIME ZONE u.timezone)::date
+                             ELSE ((SELECT now FROM clock) AT TIME ZONE 'UTC')::date END)::text AS local_date,
+               s.user_id IS NOT NULL, coalesce(s.onboarding_completed, false), s.date_of_birth::text, s.gender,
+               s.current_weight::text, s.height::text, s.activity_level,
+               sk.user_id IS NOT NULL AS had_skip, s.updated_at
+        FROM users u
+        LEFT JOIN user_settings s ON s.user_id = u.id
+        LEFT JOIN known_timezones k ON k.name = u.timezone
+        LEFT JOIN metrics_skips sk ON sk.user_id = u.id
+        WHERE \(condition)
+        ORDER BY \(order)\(limit.map { " LIMIT \($0)" } ?? "")
+        """
+    }
+
+    /// A daily chunk's next users: `$3` zone, users after `$4` up to `$5`, at most `$6`.
+    static let readDailyBatch = readUsers(
+        where: "u.timezone = $3 AND u.id > $4 AND u.id <= $5", order: "u.id", limit: "$6")
+
+    /// A recompute chunk's next users: after `$3` up to `$4`, at most `$5` (`$2` is NULL).
+    static let readRangeBatch = readUsers(where: "u.id > $3 AND u.id <= $4", order: "u.id", limit: "$5")
+
+    /// Given users (`$3` array of ids; `$2` is NULL).
+    static let readUsersByID = readUsers(where: "u.id = ANY($3::bigint[])", order: "u.id", limit: nil)
+
+    // MARK: Writing a batch
+
+    /// How a batch's rows meet rows that already exist for the same user, date and version.
+    enum Conflict {
+        /// Daily units: change the row (and move `computed_at` forward) only if the values differ, so a
+        /// repeated or resumed chunk writes nothing twice and leaves acknowledgements alone.
+        case updateIfChanged
+        /// Recompute jobs: a user who already has the row is left alone.
+        case keep
+        /// Settings changes and on-demand computation: also refresh a row computed before the settings last
+        /// changed, moving `computed_at` forward (SPEC.md).
+        case refreshIfStale
+    }
+
+    /// One statement that writes a batch atomically: the fence (when `fenced`), the metrics rows, the skip
+    /// records of invalid users, and the removal of old skip records of users who now have metrics.
+    ///
+    /// Fenced form: `$2` chunk id, `$3` owner, `$4` new cursor, `$5` users done, `$6` users skipped,
+    /// `$7` lease seconds, `$8` last batch of the chunk (bool). The writes happen only if the fence updated the
+    /// chunk, i.e. this worker still holds an unexpired lease: a worker that lost its lease writes nothing.
+    /// Both forms: `$1` now, `$9`–`$14` metrics arrays (user ids, bmi, bmr, tdee, dates, settings updated_at),
+    /// `$15` version, `$16` skips as JSON, `$17` user ids whose skip record is cleared, `$18` skip source.
+    static func writeBatch(_ conflict: Conflict, fenced: Bool) -> String {
+        let fence =
+            fenced
+            ? """
+            fence AS (
+              UPDATE work_chunks
+              SET cursor_user_id = $4, users_done = users_done + $5, users_skipped = users_skipped + $6,
+                  lease_until = (SELECT now FROM clock) + make_interval(secs => $7),
+                  state = CASE WHEN $8::bool THEN 'done' ELSE 'running' END,
+                  finished_at = CASE WHEN $8::bool THEN (SELECT now FROM clock) END, last_error = NULL
+              WHERE id = $2 AND lease_owner = $3 AND state = 'running' AND lease_until > (SELECT now FROM clock)
+              RETURNING id
+            )
+            """
+            : """
+            fence AS (
+              SELECT 1 AS id WHERE $2::bigint IS NULL AND $3::text IS NULL AND $4::bigint IS NULL
+                AND $5::int IS NULL AND $6::int IS NULL AND $7::float8 IS NULL AND $8::bool IS NULL
+            )
+            """
+        func insert(onlyNew: Bool) -> String {
+            let absent =
+                onlyNew
+                ? """
+                 AND NOT EXISTS (
+                      SELECT 1 FROM profile_metrics x
+                      WHERE x.user_id = b.user_id AND x.metrics_date = b.metrics_date AND x.version = $15)
+                """ : ""
+            return """
+                INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                  SELECT b.user_id, b.bmi, b.bmr, b.tdee, $15, b.metrics_date, b.stamp
+                  FROM batch b WHERE EXISTS (SELECT 1 FROM fence)\(absent)
+                  ORDER BY b.user_id
+                """
+        }
+        let newComputedAt = "greatest(excluded.computed_at, pm.computed_at + interval '1 millisecond')"
+        let written: String
+        switch conflict {
+        case .keep:
+            written = """
+                written AS (
+                  \(insert(onlyNew: false))
+                  ON CONFLICT (user_id, metrics_date, version) DO NOTHING
+                  RETURNING pm.user_id
+                )
+                """
+        case .updateIfChanged:
+            written = """
+                written AS (
+                  \(insert(onlyNew: false))
+                  ON CONFLICT (user_id, metrics_date, version) DO UPDATE
+                    SET bmi = excluded.bmi, bmr = excluded.bmr, tdee = excluded.tdee, computed_at = \(newComputedAt)
+                    WHERE (pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (excluded.bmi, excluded.bmr, excluded.tdee)
+                  RETURNING pm.user_id
+                )
+                """
+        case .refreshIfStale:
+            // A row is stale when its values differ or it was computed before the settings last changed; the
+            // new computed_at is always after that change, so a second instance handling the same
+            // notification finds the row fresh and writes nothing.
+            written = """
+                refreshed AS (
+                  UPDATE profile_metrics pm
+                  SET bmi = b.bmi, bmr = b.bmr, tdee = b.tdee,
+                      computed_at = greatest(b.stamp, pm.computed_at + interval '1 millisecond')
+                  FROM batch b
+                  WHERE EXISTS (SELECT 1 FROM fence) AND pm.user_id = b.user_id AND pm.metrics_date = b.metrics_date
+                    AND pm.version = $15
+                    AND ((pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (b.bmi, b.bmr, b.tdee)
+                         OR pm.computed_at <= b.settings_updated_at)
+                  RETURNING pm.user_id
+                ),
+                inserted AS (
+                  \(insert(onlyNew: true))
+                  ON CONFLICT (user_id, metrics_date, version) DO NOTHING
+                  RETURNING pm.user_id
+                ),
+                written AS (SELECT user_id FROM refreshed UNION ALL SELECT user_id FROM inserted)
+                """
+        }
+        // Settings changes stamp computed_at after the change they answer (the sweep's staleness test);
+        // scheduled work stamps the run's instant.
+        let stamp =
+            conflict == .refreshIfStale
+            ? "greatest(c.stamp, date_trunc('milliseconds', r.settings_updated_at) + interval '1 millisecond')"
+            : "c.stamp"
+        return """
+            WITH clock AS (
+              SELECT coalesce($1::timestamptz, now()) AS now,
+                     date_trunc('milliseconds', coalesce($1::timestamptz, clock_timestamp())) AS stamp
+            ),
+            \(fence),
+            batch AS (
+              SELECT r.*, \(stamp) AS stamp
+              FROM unnest($9::bigint[], $10::numeric[], $11::int[], $12::int[], $13::date[], $14::timestamptz[])
+                AS r(user_id, bmi, bmr, tdee, metrics_date, settings_updated_at)
+              CROSS JOIN clock c
+            ),
+            \(written),
+            skipped AS (
+              INSERT INTO metrics_skips AS ms (user_id, reason_codes, reasons, metrics_date, version, source, recorded_at)
+              SELECT j.u, string_to_array(j.c, ','), j.r, j.d, $15, $18, (SELECT now FROM clock)
+              FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, c text, r text, d date)
+              WHERE EXISTS (SELECT 1 FROM fence)
+              ON CONFLICT (user_id) DO UPDATE
+                SET reason_codes = excluded.reason_codes, reasons = excluded.reasons,
+                    metrics_date = excluded.metrics_date, version = excluded.version, source = excluded.source,
+                    recorded_at = excluded.recorded_at
+              RETURNING 1
+            ),
+            cleared AS (
+              DELETE FROM metrics_skips WHERE user_id = ANY($17::bigint[]) AND EXISTS (SELECT 1 FROM fence)
+              RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM written), (SELECT count(*) FROM skipped)
+            """
+    }
+
+    // MARK: Serving
+
+    /// The user's newest metrics row, through `profile_metrics_user_computed_at_idx` (never `CURRENT_DATE`),
+    /// with the acknowledgement that matches exactly that row, if any. `$1` user id.
+    static let latestMetrics = """
+        SELECT pm.bmi::text, pm.bmr, pm.tdee, pm.version,
+               (extract(epoch FROM pm.computed_at) * 1000)::bigint,
+               (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
+        FROM (SELECT bmi, bmr, tdee, version, computed_at FROM profile_metrics
+              WHERE user_id = $1 ORDER BY computed_at DESC LIMIT 1) pm
+        LEFT JOIN metrics_acknowledgements a
+          ON a.user_id = $1 AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
+        """
+
+    /// Acknowledges the user's current metrics if they are the ones named (`$2` version, `$3` computed_at in
+    /// epoch milliseconds). Idempotent: acknowledging the same metrics again keeps the first `acknowledgedAt`.
+    /// Returns: has metrics, names the current ones, acknowledged-at (epoch ms).
+    static let acknowledge = """
+        WITH latest AS (
+          SELECT version, computed_at FROM profile_metrics WHERE user_id = $1 ORDER BY computed_at DESC LIMIT 1
+        ),
+        matching AS (
+          SELECT * FROM latest WHERE version = $2 AND (extract(epoch FROM computed_at) * 1000)::bigint = $3
+        ),
+        upserted AS (
+          INSERT INTO metrics_acknowledgements AS a (user_id, version, metrics_computed_at, acknowledged_at)
+          SELECT $1, m.version, m.computed_at, date_trunc('milliseconds', clock_timestamp()) FROM matching m
+          ON CONFLICT (user_id) DO UPDATE
+            SET version = excluded.version, metrics_computed_at = excluded.metrics_computed_at,
+                acknowledged_at = excluded.acknowledged_at
+            WHERE (a.version, a.metrics_computed_at) IS DISTINCT FROM (excluded.version, excluded.metrics_computed_at)
+          RETURNING acknowledged_at
+        )
+        SELECT EXISTS (SELECT 1 FROM latest), EXISTS (SELECT 1 FROM matching),
+               (extract(epoch FROM coalesce(
+                  (SELECT acknowledged_at FROM upserted),
+                  (SELECT a.acknowledged_at FROM metrics_acknowledgements a, matching m
+                   WHERE a.user_id = $1 AND a.version = m.version AND a.metrics_computed_at = m.computed_at)))
+                * 1000)::bigint
+        """
+}

@@ -1,0 +1,95 @@
+import Logging
+
+/// Writes one readable line per record to stderr:
+/// `2025-10-29T14:30:45.123Z warning metricsd: Daily unit done metricsd.users.computed=412 metricsd.zone=Asia/Kathmandu`.
+///
+/// UTC time with milliseconds, level, label, message, then the metadata sorted by key as `key=value`. Values are
+/// quoted when they are empty or contain blanks, quotes, `=` or control characters. Secrets are redacted
+/// (``LogRedaction``) and each line is written with a single `write(2)`.
+public struct TextLogHandler: LogHandler {
+    private var core: LogHandlerCore
+
+    /// A handler for the logger `label` whose level is read from `level`.
+    public init(label: String, level: LogLevelBox, metadataProvider: Logger.MetadataProvider? = nil) {
+        self.core = LogHandlerCore(label: label, levelBox: level, metadataProvider: metadataProvider)
+    }
+
+    /// The shared level (see ``LogLevelBox``): setting it changes every handler sharing the box.
+    public var logLevel: Logger.Level {
+        get { self.core.levelBox.level }
+        set { self.core.levelBox.level = newValue }
+    }
+
+    /// This handler's own metadata.
+    public var metadata: Logger.Metadata {
+        get { self.core.metadata }
+        set { self.core.metadata = newValue }
+    }
+
+    /// The metadata provider consulted for every record.
+    public var metadataProvider: Logger.MetadataProvider? {
+        get { self.core.metadataProvider }
+        set { self.core.metadataProvider = newValue }
+    }
+
+    /// One item of this handler's own metadata.
+    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { self.core.metadata[key] }
+        set { self.core.metadata[key] = newValue }
+    }
+
+    /// Writes the event as one line on stderr.
+    public func log(event: LogEvent) {
+        StandardError.write(Self.format(self.core.record(for: event)) + "\n")
+    }
+
+    /// The line for `record`, without the trailing newline.
+    public static func format(_ record: LogRecord) -> String {
+        var line = "\(record.timestamp) \(record.level.rawValue) \(record.label): \(Self.escapeControls(record.message))"
+        for field in record.metadata {
+            line += " \(field.key)=\(Self.quoteIfNeeded(field.value))"
+        }
+        return line
+    }
+
+    /// The value as is, or in double quotes with `"` and `\` escaped when it is empty or contains blanks,
+    /// quotes, `=` or control characters.
+    static func quoteIfNeeded(_ value: String) -> String {
+        let needsQuotes =
+            value.isEmpty
+            || value.unicodeScalars.contains { scalar in
+                scalar == " " || scalar == "\"" || scalar == "=" || scalar.properties.generalCategory == .control
+                    || scalar.properties.isWhitespace
+            }
+        guard needsQuotes else { return value }
+        var quoted = "\""
+        for scalar in value.unicodeScalars {
+            switch scalar {
+            case "\"": quoted += "\\\""
+            case "\\": quoted += "\\\\"
+            default: quoted += Self.escapeControls(String(scalar))
+            }
+        }
+        return quoted + "\""
+    }
+
+    /// Control characters as `\n`, `\r`, `\t` or `\u{…}`, so a record stays on one line.
+    static func escapeControls(_ text: String) -> String {
+        guard text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else { return text }
+        var escaped = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\n": escaped += "\\n"
+            case "\r": escaped += "\\r"
+            case "\t": escaped += "\\t"
+            default:
+                if scalar.properties.generalCategory == .control {
+                    escaped += "\\u{\(String(scalar.value, radix: 16))}"
+                } else {
+                    escaped.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return escaped
+    }
+}

@@ -1,0 +1,84 @@
+import Foundation
+import Logging
+import MetricsdSystemd
+import Testing
+
+@Suite struct LogRedactionTests {
+    /// A real HS256 JWT (`{"alg":"HS256","typ":"JWT"}` / `{"sub":"42","exp":1761748245}`), as the GTSD API issues.
+    static let jwt =
+        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiI0MiIsImV4cCI6MTc2MTc0ODI0NX0.4Adcj3UFYzPUVaVF43FmMab6RcZLxz9ptxAGH1rK9o8"
+
+    @Test(arguments: [
+        "metricsd.jwt.secret", "admin_token", "Authorization", "hb.request.header.authorization", "DB_PASSWORD",
+        "metricsd.credential", "metricsd.jwt", "refreshToken", "Set-Cookie",
+    ])
+    func sensitiveKeysAreRedacted(key: String) {
+        #expect(LogRedaction.isSensitiveKey(key))
+        #expect(LogRedaction.redact([key: "hunter2"]) == [key: "[redacted]"])
+    }
+
+    @Test(arguments: ["metricsd.user.id", "metricsd.zone", "hb.request.id", "metricsd.job.id", "error.message"])
+    func ordinaryKeysAreKept(key: String) {
+        #expect(!LogRedaction.isSensitiveKey(key))
+        #expect(LogRedaction.redact([key: "value 1"]) == [key: "value 1"])
+    }
+
+    @Test(arguments: [
+        ("token \(Self.jwt) rejected", "token [redacted-jwt] rejected"),
+        ("\(Self.jwt)", "[redacted-jwt]"),
+        ("url?access_token=\(Self.jwt)&x=1", "url?access_token=[redacted-jwt]&x=1"),
+        ("unsigned eyJhbGciOiJub25lIn0.eyJzdWIiOiI0MiJ9. end", "unsigned [redacted-jwt] end"),
+        ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer [redacted]"),
+        ("authorization: bearer  \(Self.jwt)", "authorization: bearer  [redacted]"),
+        ("{\"authorization\":\"Bearer xyz\"}", "{\"authorization\":\"Bearer [redacted]\"}"),
+        ("Bearer", "Bearer"),
+        ("Bearer ", "Bearer "),
+        ("eyJ.only.two", "eyJ.only.two"),
+        ("eyJhbGciOiJIUzI1NiJ9.twoSegmentsOnly", "eyJhbGciOiJIUzI1NiJ9.twoSegmentsOnly"),
+        ("keyJwt.a.b", "keyJwt.a.b"),
+        ("Daily unit done for Asia/Kathmandu", "Daily unit done for Asia/Kathmandu"),
+        ("ünïcode stays", "ünïcode stays"),
+    ])
+    func scrub(text: String, expected: String) {
+        #expect(LogRedaction.scrub(text) == expected)
+    }
+
+    @Test func nestedValuesAreRedactedToo() {
+        let metadata: Logger.Metadata = [
+            "request": ["headers": ["authorization": "Bearer abc", "accept": "application/json"], "body": .array(["\(Self.jwt)"])],
+            "error.message": .stringConvertible("invalid JWT \(Self.jwt)"),
+        ]
+        let redacted = LogRedaction.redact(metadata)
+        #expect(redacted["error.message"] == "invalid JWT [redacted-jwt]")
+        #expect(redacted["request"] == ["headers": ["authorization": "[redacted]", "accept": "application/json"], "body": ["[redacted-jwt]"]])
+    }
+
+    /// No format ever shows a secret: sensitive keys, a JWT in the message, a bearer header in a value.
+    @Test func noFormatShowsASecret() throws {
+        let secrets = [Self.jwt, "s3cr3t-signing-key", "admin-t0ken", "p4ssw0rd", "abc.def"]
+        let record = LogRecord(
+            millisecondsSinceEpoch: 1_761_748_245_123,
+            level: .error,
+            label: "metricsd",
+            message: "Rejected \(Self.jwt) (expired)",
+            metadata: [
+                "metricsd.jwt.secret": "s3cr3t-signing-key",
+                "metricsd.admin.token": "admin-t0ken",
+                "metricsd.db.password": "p4ssw0rd",
+                "hb.request.header": "Bearer abc.def",
+                "metricsd.user.id": "42",
+            ]
+        )
+        let outputs = [
+            TextLogHandler.format(record),
+            JSONLogHandler.format(record),
+            JournalFields.make(record).map { "\($0.name)=\($0.value)" }.joined(separator: "\n"),
+        ]
+        for output in outputs {
+            for secret in secrets {
+                #expect(!output.contains(secret), "\(secret) in \(output)")
+            }
+            #expect(output.contains("[redacted-jwt]") && output.contains("[redacted]") && output.contains("42"))
+        }
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import Testing
+
+/// The unit file passes systemd's own checks. `systemd-analyze` missing is a failure, never a skip.
+@Suite struct SystemdUnitTests {
+    /// The repository root: this file is `<root>/Tests/MetricsdSystemdTests/SystemdUnitTests.swift`.
+    static let repositoryRoot = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    static let unitFile = Self.repositoryRoot.appendingPathComponent("systemd/metricsd.service")
+
+    /// The installed `systemd-analyze`, or a failed test saying how to get it.
+    static func systemdAnalyze() throws -> String {
+        let candidates = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
+        return try #require(
+            candidates.first { FileManager.default.isExecutableFile(atPath: $0) },
+            "systemd-analyze not found in \(candidates): install systemd (apt-get install systemd) to check the unit"
+        )
+    }
+
+    /// Runs `executable` with a fixed environment and returns its exit status and output.
+    static func run(_ executable: String, _ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(UUID().uuidString)
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stdoutURL = directory.appendingPathComponent("stdout")
+        let stderrURL = directory.appendingPathComponent("stderr")
+        try #require(FileManager.default.createFile(atPath: stdoutURL.path, contents: nil))
+        try #require(FileManager.default.createFile(atPath: stderrURL.path, contents: nil))
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        process.environment = ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "SYSTEMD_COLORS": "0"]
+        process.standardOutput = try FileHandle(forWritingTo: stdoutURL)
+        process.standardError = try FileHandle(forWritingTo: stderrURL)
+        try process.run()
+        process.waitUntilExit()
+        return (
+            process.terminationStatus,
+            try String(contentsOf: stdoutURL, encoding: .utf8),
+            try String(contentsOf: stderrURL, encoding: .utf8)
+        )
+    }
+
+    /// `verify` fails when the `ExecStart=` binary does not exist and only warns (exit 0) on unknown keys, so it
+    /// checks a copy that starts `/bin/true`, and any output at all is a failure.
+    @Test func verifyPrintsNothing() throws {
+        let analyze = try Self.systemdAnalyze()
+        let original = try String(contentsOf: Self.unitFile, encoding: .utf8)
+        let prefix = "ExecStart=/usr/local/bin/metricsd "
+        var lines = original.components(separatedBy: "\n")
+        let index = try #require(lines.firstIndex { $0.hasPrefix(prefix) }, "no `\(prefix)…` line in the unit")
+        lines[index] = "ExecStart=/bin/true " + lines[index].dropFirst(prefix.count)
+
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("metricsd-unit-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let copy = directory.appendingPathComponent("metricsd.service")
+        try lines.joined(separator: "\n").write(to: copy, atomically: true, encoding: .utf8)
+
+        let result = try Self.run(analyze, ["verify", "--man=no", copy.path])
+        #expect(result.status == 0, "systemd-analyze verify exited \(result.status)")
+        #expect(result.stdout + result.stderr == "", "systemd-analyze verify printed:\n\(result.stdout)\(result.stderr)")
+    }
+
+    /// Exposure at most 1.5 (`--threshold` is in tenths).
+    @Test func securityExposureIsAtMostOnePointFive() throws {
+        let analyze = try Self.systemdAnalyze()
+        let result = try Self.run(analyze, ["security", "--offline=true", "--threshold=15", Self.unitFile.path])
+        let score = result.stdout.split(separator: "\n").first { $0.contains("Overall exposure level") }
+        print("systemd-analyze security: \(score.map(String.init) ?? "no score line")")
+        #expect(score != nil, "no score in:\n\(result.stdout)\(result.stderr)")
+        #expect(result.status == 0, "exposure above 1.5:\n\(result.stdout)\(result.stderr)")
+    }
+
+    /// The settings the notify protocol and restart policy depend on, in the section where they take effect.
+    @Test func protocolSettingsAreInTheirSections() throws {
+        let sections = try Self.parse(String(contentsOf: Self.unitFile, encoding: .utf8))
+        let unit = try #require(sections["Unit"])
+        let service = try #require(sections["Service"])
+        #expect(unit["StartLimitIntervalSec"] == ["10min"] && unit["StartLimitBurst"] == ["5"])
+        #expect(service["Type"] == ["notify"])
+        #expect(service["NotifyAccess"] == ["main"])
+        #expect(service["ExecReload"] == ["/bin/kill -HUP $MAINPID"])
+        #expect(service["WatchdogSec"] == ["30s"])
+        #expect(service["Restart"] == ["on-failure"])
+        #expect(service["DynamicUser"] == ["yes"])
+        #expect(service["LoadCredential"] == ["jwt-secret:metricsd-jwt-secret", "admin-token:metricsd-admin-token"])
+        #expect(service["Environment"] == nil, "secrets must not be passed with Environment=")
+        #expect(service["StartLimitIntervalSec"] == nil && service["StartLimitBurst"] == nil)
+    }
+
+    /// `[Section]` → key → values, comments and blank lines skipped.
+    static func parse(_ text: String) -> [String: [String: [String]]] {
+        var sections: [String: [String: [String]]] = [:]
+        var current = ""
+        for rawLine in text.split(separator: "\n") {
+            let line = rawLine.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
+            if line.hasPrefix("[") && line.hasSuffix("]") {
+                current = String(line.dropFirst().dropLast())
+                continue
+            }
+            guard let equals = line.firstIndex(of: "=") else { continue }
+            let key = String(line[..<equals])
+            sections[current, default: [:]][key, default: []].append(String(line[line.index(after: equals)...]))
+        }
+        return sections
+    }
+}
