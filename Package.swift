@@ -93,6 +93,7 @@ let package = Package(
             name: "MetricsdTests",
             dependencies: [
                 "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd", "MetricsdApp",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),

@@ -56,6 +56,12 @@ public struct WorkQueue: Sendable {
         public let timezone: String
         public let localDate: LocalDate
         public let chunks: Int
+
+        public init(timezone: String, localDate: LocalDate, chunks: Int) {
+            self.timezone = timezone
+            self.localDate = localDate
+            self.chunks = chunks
+        }
     }
 
     /// Refreshes `known_timezones` from the server's `pg_timezone_names` (start-up and hourly).

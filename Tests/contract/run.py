@@ -985,7 +985,8 @@ class Checker:
         try:
             response = http_request(port or self.daemon.port, method, path, send_headers, data, chunked=chunked)
         except Exception as error:  # noqa: BLE001
-            alive = "" if self.daemon.alive() else " (the daemon is no longer running)"
+            alive = "" if self.daemon.alive() else \
+                f" (the daemon is no longer running: exit status {self.daemon.process.returncode})"
             self.results.record(False, f"{title}: {described}", [f"request failed: {error!r}{alive}"])
             return None
         wanted = {expect} if isinstance(expect, int) else set(expect)
@@ -1663,7 +1664,9 @@ def main() -> int:
                                                              args.fuzz_scale, daemon)
             results.record(fuzz_total >= MIN_FUZZ_REQUESTS * min(1.0, args.fuzz_scale),
                            f"fuzz sent {fuzz_total} requests (at least {MIN_FUZZ_REQUESTS} wanted)")
-            results.record(daemon.alive(), "the daemon survived the fuzz run", [daemon.tail(40)])
+            results.record(daemon.alive(), "the daemon survived the fuzz run",
+                           [f"exit status {daemon.process.returncode} (negative: killed by that signal)",
+                            daemon.tail(40)])
         log("== shutdown ==")
         status, killed = daemon.stop()
         results.record(status == 0 and not killed, "metricsd exits 0 on SIGTERM",

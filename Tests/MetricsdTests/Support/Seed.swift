@@ -1,4 +1,6 @@
+import Foundation
 import HealthMetrics
+import MetricsdPostgres
 
 /// Test users and their settings, written with plain SQL as onboarding would.
 struct SeedUser: Sendable {
@@ -23,7 +25,7 @@ extension TestDatabase {
     /// Inserts users and settings in one statement each (set-based, fast enough for 100,000 users).
     func seed(_ users: [SeedUser]) async throws {
         guard !users.isEmpty else { return }
-        func array(_ values: [String?]) -> String {
+        @Sendable func array(_ values: [String?]) -> String {
             "{" + values.map { value in
                 guard let value else { return "NULL" }
                 return "\"" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""

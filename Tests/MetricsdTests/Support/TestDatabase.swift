@@ -44,7 +44,7 @@ struct TestDatabase: Sendable {
     private static let templateName: String = {
         var hash: UInt64 = 1_469_598_103_934_665_603
         for migration in Migration.all {
-            for byte in migration.name.utf8 + migration.sql.utf8 {
+            for byte in Array(migration.name.utf8) + Array(migration.sql.utf8) {
                 hash = (hash ^ UInt64(byte)) &* 1_099_511_628_211
             }
         }
