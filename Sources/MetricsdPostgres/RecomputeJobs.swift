@@ -55,6 +55,19 @@ public struct RecomputeJobs: Sendable {
     /// Creates the job for `version`, split into user-id ranges of about `chunkSize` users, unless one is
     /// pending or running: then that one is returned (`created` false).
     public func trigger(version: Int, requestedBy: String) async throws -> (job: RecomputeJob, created: Bool) {
+        for attempt in 1... {
+            do {
+                return try await self.triggerOnce(version: version, requestedBy: requestedBy)
+            } catch is RetryTrigger where attempt < 5 {
+                continue
+            }
+        }
+        fatalError("unreachable")
+    }
+
+    private struct RetryTrigger: Error {}
+
+    private func triggerOnce(version: Int, requestedBy: String) async throws -> (job: RecomputeJob, created: Bool) {
         let chunkSize = String(self.chunkSize)
         let (id, created) = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             try connection.transaction { connection -> (Int64, Bool) in
@@ -69,6 +82,8 @@ public struct RecomputeJobs: Sendable {
                     let existing = try connection.query(
                         "SELECT id FROM recompute_jobs WHERE version = $1 AND state IN ('pending', 'running')",
                         [String(version)])
+                    // The active job finished between the two statements: try again (next time the insert wins).
+                    guard existing.rowCount == 1 else { throw RetryTrigger() }
                     return (try existing.int(0, 0), false)
                 }
                 let id = try inserted.int(0, 0)
@@ -95,6 +110,8 @@ public struct RecomputeJobs: Sendable {
         guard let job = try await self.job(id: id) else {
             throw PostgresError(code: .unexpectedResult, message: "recompute job \(id) vanished")
         }
+        // An existing job may have finished since: then this trigger starts the next one.
+        if !created && job.state.isFinished { throw RetryTrigger() }
         return (job, created)
     }
 

@@ -67,55 +67,57 @@ enum SQL {
         )
         """
 
-    /// Creates the daily unit of every zone whose due date has no unit yet. Never creates a unit for a date older
-    /// than one that exists (no back-filling). `$3` formula version. Returns the new units.
+    /// Creates the daily unit of every zone whose due date has no unit yet, split into chunks of about `$4` users
+    /// of the zone (the last one open-ended, so users who arrive while it runs are included), and supersedes
+    /// older unfinished units of those zones: their date is no longer current, and metricsd does not back-fill.
+    /// Never creates a unit for a date older than one that exists. One statement, so one round trip per tick
+    /// and all or nothing. `$3` formula version. Returns the new units and their chunk counts.
     static let enqueueDueUnits = """
-        WITH \(zoneScheduleCTE)
-        INSERT INTO daily_units (timezone, local_date, version, timezone_known, created_at)
-        SELECT s.timezone, s.due_date, $3, s.known, (SELECT now FROM clock)
-        FROM schedule s
-        WHERE NOT EXISTS (
-          SELECT 1 FROM daily_units d
-          WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
-        ON CONFLICT DO NOTHING
-        RETURNING timezone, local_date::text, created_at
-        """
-
-    /// Splits a new daily unit into ranges of about `$5` users of its zone; the last range is open-ended so users
-    /// who arrive while the unit runs are included. `$1` now, `$2` zone, `$3` date, `$4` version.
-    static let splitDailyUnit = """
-        WITH numbered AS (
-          SELECT id, row_number() OVER (ORDER BY id) AS n, count(*) OVER () AS total
-          FROM users WHERE timezone = $2
+        WITH \(zoneScheduleCTE),
+        new_units AS (
+          INSERT INTO daily_units (timezone, local_date, version, timezone_known, users_total, created_at)
+          SELECT s.timezone, s.due_date, $3, s.known, (SELECT count(*) FROM users u WHERE u.timezone = s.timezone),
+                 (SELECT now FROM clock)
+          FROM schedule s
+          WHERE NOT EXISTS (
+            SELECT 1 FROM daily_units d
+            WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
+          ON CONFLICT DO NOTHING
+          RETURNING timezone, local_date, version, created_at
         ),
         bounds AS (
-          SELECT lag(id, 1, -9223372036854775808) OVER (ORDER BY id) AS lo,
-                 CASE WHEN n = total THEN 9223372036854775807 ELSE id END AS hi, total
-          FROM numbered WHERE n % $5 = 0 OR n = total
+          SELECT n.timezone, n.local_date, n.version, n.created_at, b.lo, b.hi
+          FROM new_units n
+          CROSS JOIN LATERAL (
+            SELECT lag(x.id, 1, -9223372036854775808) OVER (ORDER BY x.id) AS lo,
+                   CASE WHEN x.n = x.total THEN 9223372036854775807 ELSE x.id END AS hi
+            FROM (SELECT u.id, row_number() OVER (ORDER BY u.id) AS n, count(*) OVER () AS total
+                  FROM users u WHERE u.timezone = n.timezone) x
+            WHERE x.n % $4 = 0 OR x.n = x.total
+          ) b
         ),
         chunks AS (
           INSERT INTO work_chunks (kind, priority, timezone, local_date, version, range_start, range_end,
                                    cursor_user_id, created_at)
-          SELECT 'daily', 0, $2, $3::date, $4, lo, hi, lo, coalesce($1::timestamptz, now()) FROM bounds
+          SELECT 'daily', 0, timezone, local_date, version, lo, hi, lo, created_at FROM bounds
+          RETURNING timezone, local_date
+        ),
+        superseded_units AS (
+          UPDATE daily_units d SET state = 'superseded', finished_at = (SELECT now FROM clock)
+          FROM new_units n
+          WHERE d.timezone = n.timezone AND d.version = n.version AND d.local_date < n.local_date
+            AND d.state IN ('pending', 'running')
+          RETURNING 1
+        ),
+        superseded_chunks AS (
+          UPDATE work_chunks c SET state = 'superseded', finished_at = (SELECT now FROM clock)
+          FROM new_units n
+          WHERE c.kind = 'daily' AND c.timezone = n.timezone AND c.version = n.version
+            AND c.local_date < n.local_date AND c.state IN ('pending', 'running')
           RETURNING 1
         )
-        UPDATE daily_units SET users_total = coalesce((SELECT max(total) FROM bounds), 0)
-        WHERE timezone = $2 AND local_date = $3::date AND version = $4
-        RETURNING (SELECT count(*) FROM chunks)
-        """
-
-    /// Older units of a zone that never finished stop here: their date is no longer current, and metricsd does
-    /// not back-fill. `$1` now, `$2` zone, `$3` the new current date, `$4` version.
-    static let supersedeOlderUnits = """
-        WITH units AS (
-          UPDATE daily_units SET state = 'superseded', finished_at = coalesce($1::timestamptz, now())
-          WHERE timezone = $2 AND version = $4 AND local_date < $3::date AND state IN ('pending', 'running')
-          RETURNING local_date
-        )
-        UPDATE work_chunks SET state = 'superseded', finished_at = coalesce($1::timestamptz, now())
-        WHERE kind = 'daily' AND timezone = $2 AND version = $4 AND local_date < $3::date
-          AND state IN ('pending', 'running')
-        RETURNING (SELECT count(*) FROM units)
+        SELECT n.timezone, n.local_date::text, (SELECT count(*) FROM chunks c WHERE c.timezone = n.timezone)
+        FROM new_units n ORDER BY n.timezone
         """
 
     /// Marks units and jobs done whose chunks all are (normally done by the last chunk; this sweep covers a

@@ -81,26 +81,18 @@ public struct WorkQueue: Sendable {
     /// yet, split into chunks, and supersedes older unfinished units of those zones. Safe to run on every
     /// instance at once: the `(zone, date, version)` key lets exactly one create each unit.
     public func enqueueDueUnits(dailyAt: DailyTime, now: Timestamp? = nil) async throws -> [NewUnit] {
-        let version = String(self.formula.version)
-        let chunkSize = String(self.configuration.chunkSize)
+        let parameters = [
+            now?.iso8601, dailyAt.description, String(self.formula.version), String(self.configuration.chunkSize),
+        ]
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try connection.transaction { connection in
-                let created = try connection.prepared(
-                    "enqueue_due_units", SQL.enqueueDueUnits, [now?.iso8601, dailyAt.description, version])
-                var units: [NewUnit] = []
-                for row in 0..<created.rowCount {
-                    let zone = try created.requiredString(row, 0)
-                    let date = try created.requiredString(row, 1)
-                    let split = try connection.prepared(
-                        "split_daily_unit", SQL.splitDailyUnit, [now?.iso8601, zone, date, version, chunkSize])
-                    try connection.prepared(
-                        "supersede_older_units", SQL.supersedeOlderUnits, [now?.iso8601, zone, date, version])
-                    guard let localDate = LocalDate(iso: date) else {
-                        throw PostgresError(code: .unexpectedResult, message: "unit date \(date) is not a date")
-                    }
-                    units.append(NewUnit(timezone: zone, localDate: localDate, chunks: Int(try split.int(0, 0))))
+            let created = try connection.prepared("enqueue_due_units", SQL.enqueueDueUnits, parameters)
+            return try (0..<created.rowCount).map { row in
+                let date = try created.requiredString(row, 1)
+                guard let localDate = LocalDate(iso: date) else {
+                    throw PostgresError(code: .unexpectedResult, message: "unit date \(date) is not a date")
                 }
-                return units
+                return NewUnit(
+                    timezone: try created.requiredString(row, 0), localDate: localDate, chunks: Int(try created.int(row, 2)))
             }
         }
     }

@@ -1,3 +1,4 @@
+import Foundation
 import HealthMetrics
 import Hummingbird
 import Logging
@@ -18,6 +19,14 @@ struct AdminController {
 
     /// Creates the job for this build's formula version (202), or returns the pending/running one (200).
     @Sendable func trigger(request: Request, context: AppRequestContext) async throws -> JSONResponse {
+        // No body, or a JSON object (reserved for options): anything else is a client error.
+        let body = try await request.body.collect(upTo: context.maxUploadSize)
+        if body.readableBytes > 0 {
+            struct Options: Decodable {}
+            guard (try? JSONDecoder().decode(Options.self, from: Data(body.readableBytesView))) != nil else {
+                throw AppError.badRequest("body must be empty or a JSON object")
+            }
+        }
         let (job, created) = try await self.jobs.trigger(version: self.formula.version, requestedBy: "http")
         context.logger.info(
             created ? "Recompute job created" : "Recompute job already active",
