@@ -18,7 +18,14 @@ public struct ConnectionSettings: Sendable {
         if !conninfo.isEmpty {
             var errorMessage: UnsafeMutablePointer<CChar>?
             if let options = PQconninfoParse(conninfo, &errorMessage) {
-                PQconninfoFree(options)
+                defer { PQconninfoFree(options) }
+                var option = options
+                while let keyword = option.pointee.keyword {
+                    if let value = option.pointee.val {
+                        try Self.check(keyword: String(cString: keyword), value: String(cString: value))
+                    }
+                    option = option.advanced(by: 1)
+                }
             } else {
                 let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
                 PQfreemem(errorMessage)
@@ -32,6 +39,35 @@ public struct ConnectionSettings: Sendable {
         self.conninfo = conninfo
         self.password = password
         self.defaults = defaults
+    }
+
+    /// Values libpq would only reject when connecting: checked up front so that a typo is a configuration error
+    /// (one clear line, exit) instead of an endless "waiting for database".
+    private static func check(keyword: String, value: String) throws(PostgresError) {
+        func fail(_ expected: String) -> PostgresError {
+            PostgresError(
+                code: .badConnectionString, message: "DATABASE_URL is not valid: \(keyword) '\(value)' is not \(expected)")
+        }
+        switch keyword {
+        case "port":
+            let ports = value.split(separator: ",", omittingEmptySubsequences: false)
+            guard ports.allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) }) else {
+                throw fail("a port number (1–65535)")
+            }
+        case "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+            "tcp_user_timeout":
+            guard Int(value) != nil else { throw fail("an integer") }
+        case "sslmode":
+            guard ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(value) else {
+                throw fail("one of disable, allow, prefer, require, verify-ca, verify-full")
+            }
+        case "target_session_attrs":
+            guard ["any", "read-write", "read-only", "primary", "standby", "prefer-standby"].contains(value) else {
+                throw fail("one of any, read-write, read-only, primary, standby, prefer-standby")
+            }
+        default:
+            break
+        }
     }
 
     /// The keywords and values handed to `PQconnectdbParams` with `expand_dbname = 1`: defaults, then the

@@ -2,6 +2,7 @@ import Foundation
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import NIOPosix
 import Synchronization
 import Testing
 
@@ -15,11 +16,20 @@ struct TestDatabase: Sendable {
     let pool: PostgresPool
     let logger: Logger
 
+    /// The test server is missing: every test that needs it fails with this error (never skips, and never passes
+    /// silently as a shared `#require` failure would for all but the first test).
+    struct MissingServer: Error, CustomStringConvertible {
+        var description: String {
+            "METRICSD_TEST_DATABASE_URL is not set: run the tests with the README's test command (scripts/test)"
+        }
+    }
+
     /// `METRICSD_TEST_DATABASE_URL`, set by `scripts/test`.
     static func serverURL() throws -> String {
-        try #require(
-            ProcessInfo.processInfo.environment["METRICSD_TEST_DATABASE_URL"],
-            "METRICSD_TEST_DATABASE_URL is not set: run the tests with the README's test command (scripts/test)")
+        guard let url = ProcessInfo.processInfo.environment["METRICSD_TEST_DATABASE_URL"], !url.isEmpty else {
+            throw MissingServer()
+        }
+        return url
     }
 
     /// The server URL with another database name.
@@ -32,13 +42,21 @@ struct TestDatabase: Sendable {
         return String(serverURL[..<slash]) + "/" + database + query
     }
 
-    /// Runs blocking work off the cooperative pool.
+    /// Threads for the tests' own blocking libpq calls: never the cooperative pool, which the code under test
+    /// needs (blocking it starves every `await` in the process).
+    static let blocking: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: 8)
+        pool.start()
+        return pool
+    }()
+
+    /// Runs `body` with a new connection to the server's `postgres` database, on a blocking thread.
     static func admin<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
         let settings = try ConnectionSettings(conninfo: try serverURL(), environment: [:])
-        return try await Task.detached {
+        return try await Self.blocking.runIfActive {
             let connection = try PostgresConnection(settings: settings)
             return try body(connection)
-        }.value
+        }
     }
 
     private static let templateName: String = {
@@ -70,10 +88,10 @@ struct TestDatabase: Sendable {
                     try connection.execute("CREATE DATABASE \(building)")
                 }
                 let settings = try ConnectionSettings(conninfo: Self.url(server, database: building), environment: [:])
-                try await Task.detached {
+                try await Self.blocking.runIfActive {
                     let connection = try PostgresConnection(settings: settings)
                     try Migrator().migrate(on: connection, logger: Logger(label: "test"))
-                }.value
+                }
                 try await Self.admin { connection in
                     do {
                         try connection.execute("ALTER DATABASE \(building) RENAME TO \(name)")

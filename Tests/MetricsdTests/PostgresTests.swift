@@ -1,0 +1,150 @@
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdPostgres
+import NIOCore
+import NIOPosix
+import Testing
+
+/// The libpq adapter, the pool and the migrator against the real server.
+@Suite struct PostgresTests {
+    @Test func syntaxErrorCarriesSQLStateAndMessage() async throws {
+        try await withTestDatabase { database in
+            let error = await #expect(throws: PostgresError.self) {
+                try await database.pool.withConnection { try $0.query("SELEC 1") }
+            }
+            #expect(error?.sqlState == "42601")
+            #expect(error?.code == .queryFailed)
+            #expect(error?.message.contains("syntax error") == true)
+        }
+    }
+
+    @Test func parametersAreNeverSQL() async throws {
+        try await withTestDatabase { database in
+            let hostile = "1'); DROP TABLE users; --"
+            let value = try await database.pool.withConnection { try $0.query("SELECT $1::text", [hostile]).string(0, 0) }
+            #expect(value == hostile)
+            #expect(try await database.value("SELECT to_regclass('users') IS NOT NULL") == "t")
+            let error = await #expect(throws: PostgresError.self) {
+                try await database.pool.withConnection { try $0.query("SELECT $1::bigint", [hostile]) }
+            }
+            #expect(error?.sqlState == "22P02")
+        }
+    }
+
+    @Test func malformedConnectionStringIsRefusedUpFront() {
+        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host='unterminated", environment: [:]) }
+        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host=db sslmode=sometimes", environment: [:]) }
+        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "postgresql://x:notaport/db", environment: [:]) }
+        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "bogus_option=1", environment: [:]) }
+        #expect((try? ConnectionSettings(conninfo: "", environment: [:])) != nil)
+        #expect((try? ConnectionSettings(conninfo: "host=/tmp dbname=x sslmode=disable", environment: [:])) != nil)
+    }
+
+    @Test func operatorSettingsWinOverMetricsdDefaults() throws {
+        let settings = try ConnectionSettings(conninfo: "postgresql://h/db?connect_timeout=9", environment: ["PGAPPNAME": "x"])
+        #expect(settings.conninfo == "postgresql://h/db?connect_timeout=9")
+    }
+
+    @Test func busyPoolAnswersWithATimeoutNotAQueue() async throws {
+        let database = try await TestDatabase.create(poolSize: 1)
+        defer { Task { await database.drop() } }
+        let pool = PostgresPool(
+            settings: try ConnectionSettings(conninfo: database.url, environment: [:]),
+            configuration: .init(size: 1, acquireTimeout: .milliseconds(200)), logger: database.logger)
+        async let slow: Void = pool.withConnection { _ = try $0.query("SELECT pg_sleep(1.5)") }
+        try await Task.sleep(for: .milliseconds(300))
+        let started = ContinuousClock.now
+        let error = await #expect(throws: PostgresError.self) { try await pool.withConnection { try $0.query("SELECT 1") } }
+        #expect(error?.code == .poolTimeout)
+        #expect(ContinuousClock.now - started < .milliseconds(1000))
+        try await slow
+        #expect(pool.usage.waiting == 0)
+        await pool.close()
+    }
+
+    @Test func terminatedBackendIsReplacedTransparentlyForRetryableWork() async throws {
+        try await withTestDatabase(poolSize: 1) { database in
+            let pid = try await database.pool.withConnection { $0.backendPID }
+            _ = try await TestDatabase.admin { try $0.query("SELECT pg_terminate_backend($1)", [String(pid)]) }
+            try await Task.sleep(for: .milliseconds(100))
+            let value = try await database.pool.withConnection(retryOnConnectionLoss: true) {
+                try $0.query("SELECT 42").string(0, 0)
+            }
+            #expect(value == "42")
+            #expect(try await database.pool.withConnection { $0.backendPID } != pid)
+        }
+    }
+}
+
+@Suite struct MigrationTests {
+    static func freshDatabase() async throws -> (name: String, url: String) {
+        let name = "m_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
+        _ = try await TestDatabase.admin { try $0.execute("CREATE DATABASE \(name)") }
+        return (name, TestDatabase.url(try TestDatabase.serverURL(), database: name))
+    }
+
+    static func drop(_ name: String) async {
+        _ = try? await TestDatabase.admin { try $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+    }
+
+    static func migrate(_ url: String, migrator: Migrator = Migrator()) async throws -> [String] {
+        let settings = try ConnectionSettings(conninfo: url, environment: [:])
+        return try await TestDatabase.blocking.runIfActive {
+            try migrator.migrate(on: try PostgresConnection(settings: settings), logger: Logger(label: "test"))
+        }
+    }
+
+    @Test func secondRunDoesNothing() async throws {
+        let (name, url) = try await Self.freshDatabase()
+        defer { Task { await Self.drop(name) } }
+        #expect(try await Self.migrate(url) == Migration.all.map(\.name))
+        #expect(try await Self.migrate(url) == [])
+        let settings = try ConnectionSettings(conninfo: url, environment: [:])
+        let status = try await TestDatabase.blocking.runIfActive { try Migrator().status(on: try PostgresConnection(settings: settings)) }
+        #expect(status.isCurrent)
+        #expect(status.latestApplied == Migration.all.last?.name)
+    }
+
+    @Test func concurrentRunsApplyEachFileOnce() async throws {
+        let (name, url) = try await Self.freshDatabase()
+        defer { Task { await Self.drop(name) } }
+        async let first = Self.migrate(url)
+        async let second = Self.migrate(url)
+        async let third = Self.migrate(url)
+        let applied = try await [first, second, third]
+        #expect(applied.flatMap { $0 }.sorted() == Migration.all.map(\.name).sorted())
+        #expect(applied.filter { !$0.isEmpty }.count == 1)
+    }
+
+    @Test func changedMigrationIsRefused() async throws {
+        let (name, url) = try await Self.freshDatabase()
+        defer { Task { await Self.drop(name) } }
+        _ = try await Self.migrate(url)
+        var edited = Migration.all
+        edited[1] = Migration(name: edited[1].name, sql: edited[1].sql + "\n-- edited\n")
+        let error = await #expect(throws: MigrationError.self) { try await Self.migrate(url, migrator: Migrator(migrations: edited)) }
+        #expect(error?.message.contains(edited[1].name) == true)
+    }
+
+    @Test func firstMigrationIsExactlyTheContract() throws {
+        let first = try #require(Migration.all.first)
+        #expect(first.name == "0001_initial.sql")
+        for table in ["CREATE TABLE users (", "CREATE TABLE user_settings (", "CREATE TABLE profile_metrics ("] {
+            #expect(first.sql.contains(table))
+        }
+        #expect(first.sql.contains("CREATE INDEX profile_metrics_user_computed_at_idx ON profile_metrics (user_id, computed_at DESC);"))
+    }
+
+    /// The binary carries `migrations/` (embedded by scripts/embed-resources); they must not drift apart.
+    @Test func embeddedMigrationsMatchTheFiles() throws {
+        let directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("migrations")
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(files == Migration.all.map(\.name), "run scripts/embed-resources")
+        for migration in Migration.all {
+            let text = try String(contentsOf: directory.appendingPathComponent(migration.name), encoding: .utf8)
+            #expect(text == migration.sql + "\n", "\(migration.name) differs from the embedded copy: run scripts/embed-resources")
+        }
+    }
+}
