@@ -60,8 +60,8 @@ public struct StatusQueries: Sendable {
         public let overdueSeconds: Double
     }
 
-    /// Every zone in use, with its current unit. A unit not done `overdueAfter` seconds after it fell due is
-    /// overdue (whether it is pending, running or was never created).
+    /// Every zone in use, with its current unit. A unit not done and not progressing under a live lease
+    /// `overdueAfter` seconds after it fell due is overdue (pending, abandoned by a dead worker, or never created).
     public func zones(dailyAt: DailyTime, version: Int, overdueAfter: Double = 600, now: Timestamp? = nil)
         async throws -> [ZoneStatus]
     {
@@ -92,9 +92,9 @@ public struct StatusQueries: Sendable {
                 let state: ZoneStatus.State
                 switch result.string(row, 4) {
                 case "done": state = .done
+                case "running" where !runningBy.isEmpty: state = .running  // progressing under a live lease
                 case _ where age > overdueAfter: state = .overdue
-                case "running": state = runningBy.isEmpty ? .pending : .running
-                case "pending": state = .pending
+                case "running", "pending": state = .pending
                 default: state = .missing
                 }
                 return ZoneStatus(
