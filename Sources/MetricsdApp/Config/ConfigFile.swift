@@ -5,8 +5,13 @@ import Foundation
 /// settings that reload without a restart (`METRICSD_LOG_LEVEL`, `METRICSD_DAILY_AT`) can be changed there.
 public enum ConfigFile {
     /// The environment with the file's values on top (the environment alone when the variable is unset).
+    /// A leading `-` (`-/etc/metricsd/metricsd.conf`) makes the file optional, as in systemd's `EnvironmentFile=`.
     public static func merge(into environment: [String: String]) throws(ConfigurationError) -> [String: String] {
-        guard let path = environment["METRICSD_CONFIG_FILE"], !path.isEmpty else { return environment }
+        guard var path = environment["METRICSD_CONFIG_FILE"], !path.isEmpty else { return environment }
+        if path.hasPrefix("-") {
+            path.removeFirst()
+            guard FileManager.default.fileExists(atPath: path) else { return environment }
+        }
         let text = try Secrets.readFile(path, what: "METRICSD_CONFIG_FILE")
         var merged = environment
         for (number, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {

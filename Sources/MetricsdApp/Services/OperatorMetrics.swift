@@ -56,6 +56,17 @@ final class OperatorMetrics: Sendable {
         if progress.end == .leaseLost { self.chunksFailed.increment() }
     }
 
+    /// A worker failed on a chunk (database error, lost connection …); the chunk is retried after a backoff.
+    func recordFailure(_ chunk: ClaimedChunk?) {
+        let kind: String
+        switch chunk?.kind {
+        case .daily?: kind = "daily"
+        case .recompute?: kind = "recompute"
+        case nil: kind = "claim"
+        }
+        Counter(label: "metricsd_work_failures_total", dimensions: [("kind", kind)]).increment()
+    }
+
     func recordFinished(_ finished: WorkQueue.Finished) {
         if case .unit(_, _, _, _, _, _, let seconds) = finished {
             self.unitsCompleted.increment()

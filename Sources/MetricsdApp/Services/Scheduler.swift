@@ -164,6 +164,7 @@ public struct Scheduler: Service {
                 self.status.database(nil)
             } catch {
                 failures += 1
+                self.reporter.recordFailure(claimed)
                 self.status.database(Self.shortReason(error))
                 var metadata = claimed.map(Self.metadata) ?? [:]
                 metadata["metricsd.error"] = "\(error)"
