@@ -65,6 +65,20 @@ public struct Migrator: Sendable {
             latestApplied: applied.last?.name)
     }
 
+    /// The migrations of this build not applied yet: one cheap query, for `/readyz` (checksums are verified at
+    /// start-up and by `migrate`).
+    public func pending(on connection: PostgresConnection) throws -> [String] {
+        let exists = try connection.prepared(
+            "migrations_table_exists", "SELECT to_regclass('metricsd_migrations') IS NOT NULL", [])
+        guard try exists.bool(0, 0) else { return self.migrations.map(\.name) }  // never migrated
+        let result = try connection.prepared(
+            "applied_migrations", "SELECT coalesce(array_to_string(array_agg(name), ','), '') FROM metricsd_migrations",
+            [])
+        let names = try result.requiredString(0, 0)
+        let applied = Set(names.split(separator: ",").map(String.init))
+        return self.migrations.map(\.name).filter { !applied.contains($0) }
+    }
+
     /// Applies every pending migration. `beforeStep` runs before each one (systemd's `EXTEND_TIMEOUT_USEC`).
     /// - Returns: the names applied by this call (empty when the schema was already current).
     @discardableResult

@@ -29,11 +29,7 @@ public final class PostgresStore: MetricsStore {
             guard let row = rows.first else { return .unknownUser }
             let batch = EvaluatedBatch([row], formula: formula)
             try BatchWriter.write(batch, conflict: .refreshIfStale, source: "request", formula: formula, on: connection)
-            if case .skipped(let reasons) = formula.evaluate(
-                row.settings, on: row.localDate, timezoneKnown: row.timezoneKnown, timezone: row.timezone)
-            {
-                return .skipped(reasons)
-            }
+            if let reasons = batch.skipReasons[userID] { return .skipped(reasons) }
             guard let latest = try Self.readLatest(userID: userID, on: connection) else {
                 throw PostgresError(code: .unexpectedResult, message: "metrics of user \(userID) vanished after being stored")
             }
@@ -62,11 +58,13 @@ public final class PostgresStore: MetricsStore {
     public func readiness() async -> Readiness {
         let migrator = self.migrator
         do {
-            let status = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-                try migrator.status(on: connection)
+            let pending = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                try migrator.pending(on: connection)
             }
-            if status.isCurrent { return Readiness(database: .ok, schema: .current, reason: nil) }
-            return Readiness(database: .ok, schema: .behind, reason: Self.describe(status))
+            if pending.isEmpty { return Readiness(database: .ok, schema: .current, reason: nil) }
+            return Readiness(
+                database: .ok, schema: .behind,
+                reason: Self.describe(SchemaStatus(pending: pending, unknown: [], changed: [], latestApplied: nil)))
         } catch {
             return Readiness(database: .unreachable, schema: .unknown, reason: "database unreachable: \(error)")
         }

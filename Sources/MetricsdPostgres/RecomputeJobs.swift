@@ -55,14 +55,14 @@ public struct RecomputeJobs: Sendable {
     /// Creates the job for `version`, split into user-id ranges of about `chunkSize` users, unless one is
     /// pending or running: then that one is returned (`created` false).
     public func trigger(version: Int, requestedBy: String) async throws -> (job: RecomputeJob, created: Bool) {
-        for attempt in 1... {
+        var attempts = 1
+        while true {
             do {
                 return try await self.triggerOnce(version: version, requestedBy: requestedBy)
-            } catch is RetryTrigger where attempt < 5 {
-                continue
+            } catch is RetryTrigger where attempts < 5 {
+                attempts += 1  // the active job finished meanwhile: the next insert creates a new one
             }
         }
-        fatalError("unreachable")
     }
 
     private struct RetryTrigger: Error {}

@@ -45,6 +45,8 @@ struct EvaluatedBatch {
     private(set) var computedIDs: [Int64] = []
     private(set) var skippedIDs: [Int64] = []
     private(set) var skipCounts: [SkipReason.Code: Int] = [:]
+    /// Every skipped user's reasons.
+    private(set) var skipReasons: [Int64: [SkipReason]] = [:]
     private var ids = ArrayLiteral()
     private var bmis = ArrayLiteral()
     private var bmrs = ArrayLiteral()
@@ -71,6 +73,7 @@ struct EvaluatedBatch {
                 if row.hadSkip { self.cleared.append(String(row.id)) }
             case .skipped(let reasons):
                 self.skippedIDs.append(row.id)
+                self.skipReasons[row.id] = reasons
                 for reason in reasons { self.skipCounts[reason.code, default: 0] += 1 }
                 if self.skipsJSON.count > 1 { self.skipsJSON += "," }
                 self.skipsJSON += "{\"u\":\(row.id),\"c\":"
