@@ -34,7 +34,8 @@ info:
       own (`^[A-Za-z0-9._-]{1,64}$`) to correlate a request with the server's logs; any other value
       is ignored and replaced by one the server generates. Put it in bug reports: a 5xx is logged
       with it.
-    * **Request bodies** are limited to 16 KiB (413 beyond that). Unknown properties in a request
+    * **Request bodies** are limited to 16 KiB (413 beyond that). A request that declares a larger
+      `Content-Length` gets 413 on any path, before its body is read. Unknown properties in a request
       body are ignored.
 
     ## What the app should do with each status (do not treat errors alike)

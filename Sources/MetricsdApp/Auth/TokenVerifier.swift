@@ -30,6 +30,9 @@ public struct TokenConfiguration: Sendable {
         if let secret = self.hmacSecret, secret.utf8.count < 32 {
             throw ConfigurationError("the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
         }
+        // Checked here, with the rest of the configuration and before logging starts, so that a wrong key file
+        // fails start-up (and SIGHUP reloads) with one clear line.
+        if let pem = self.publicKeyPEM { _ = try PublicKeyPEM(pem) }
     }
 
     public init(hmacSecret: String?, publicKeyPEM: String? = nil, issuer: String? = nil, audience: String? = nil, leewaySeconds: Int = 30) {
@@ -91,21 +94,13 @@ public struct TokenVerifier: Sendable {
         }
     }
 
-    /// Reads a PEM public key as Ed25519 (EdDSA), P-256 (ES256) or RSA (RS256, at least 2048 bits).
+    /// The verifier of a PEM public key: Ed25519 (EdDSA), P-256 (ES256) or RSA (RS256, at least 2048 bits).
     private static func publicKeyAlgorithm(_ pem: String) async throws(ConfigurationError) -> any JWTAlgorithm {
-        if pem.contains("PRIVATE KEY") {
-            throw ConfigurationError("the JWT public key file holds a private key: give metricsd only the public key")
+        switch try PublicKeyPEM(pem) {
+        case .eddsa(let key): return try await Self.key(await JWTKeyCollection().add(eddsa: key))
+        case .es256(let key): return try await Self.key(await JWTKeyCollection().add(ecdsa: key))
+        case .rs256(let key): return try await Self.key(await JWTKeyCollection().add(rsa: key, digestAlgorithm: .sha256))
         }
-        if let key = try? EdDSA.PublicKey(pem: pem) {
-            return try await Self.key(await JWTKeyCollection().add(eddsa: key))
-        }
-        if let key = try? ES256PublicKey(pem: pem) {
-            return try await Self.key(await JWTKeyCollection().add(ecdsa: key))
-        }
-        if let key = try? Insecure.RSA.PublicKey(pem: pem) {
-            return try await Self.key(await JWTKeyCollection().add(rsa: key, digestAlgorithm: .sha256))
-        }
-        throw ConfigurationError("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
     }
 
     /// Verifies a compact JWS and returns its user id (`sub`).
@@ -147,6 +142,47 @@ public struct TokenVerifier: Sendable {
 
     private static func shown(_ text: String) -> String {
         "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"
+    }
+}
+
+/// A PEM public key metricsd can verify tokens with; parsing it is synchronous, so configuration checks it early.
+enum PublicKeyPEM {
+    case eddsa(EdDSA.PublicKey)
+    case es256(ES256PublicKey)
+    case rs256(JWTKit.Insecure.RSA.PublicKey)
+
+    init(_ pem: String) throws(ConfigurationError) {
+        if pem.contains("PRIVATE KEY") {
+            throw ConfigurationError("the JWT public key file holds a private key: give metricsd only the public key")
+        }
+        if let key = try? EdDSA.PublicKey(pem: pem) {
+            self = .eddsa(key)
+        } else if let key = try? ES256PublicKey(pem: pem) {
+            self = .es256(key)
+        } else {
+            do {
+                self = .rs256(try Insecure.RSA.PublicKey(pem: pem))
+            } catch {
+                if Self.looksLikeRSA(pem) {
+                    throw ConfigurationError(
+                        "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
+                    )
+                }
+                throw ConfigurationError("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
+            }
+        }
+    }
+
+    /// Whether a PEM that did not parse is an RSA key (too small, or PKCS#1 rather than SubjectPublicKeyInfo),
+    /// for a message that says so: its header says RSA, or its DER holds the rsaEncryption OID 1.2.840.113549.1.1.1.
+    private static func looksLikeRSA(_ pem: String) -> Bool {
+        if pem.contains("BEGIN RSA PUBLIC KEY") { return true }
+        let base64 = pem.split(whereSeparator: \.isNewline).filter { !$0.hasPrefix("-----") }.joined()
+        guard let der = Data(base64Encoded: base64) else { return false }
+        let oid: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01]
+        let bytes = Array(der)
+        guard bytes.count >= oid.count else { return false }
+        return (0...(bytes.count - oid.count)).contains { Array(bytes[$0..<($0 + oid.count)]) == oid }
     }
 }
 

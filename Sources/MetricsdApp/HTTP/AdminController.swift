@@ -21,9 +21,9 @@ struct AdminController {
     @Sendable func trigger(request: Request, context: AppRequestContext) async throws -> JSONResponse {
         // No body, or a JSON object (reserved for options): anything else is a client error.
         let body = try await request.body.collect(upTo: context.maxUploadSize)
+        // (Decoded as a dictionary: an empty `Decodable` struct would accept any JSON value, arrays included.)
         if body.readableBytes > 0 {
-            struct Options: Decodable {}
-            guard (try? JSONDecoder().decode(Options.self, from: Data(body.readableBytesView))) != nil else {
+            guard (try? JSONDecoder().decode([String: AnyJSON].self, from: Data(body.readableBytesView))) != nil else {
                 throw AppError.badRequest("body must be empty or a JSON object")
             }
         }
@@ -48,6 +48,8 @@ struct AdminController {
     }
 
     @Sendable func cancel(request: Request, context: AppRequestContext) async throws -> JSONResponse {
+        // No body is needed; one that is sent is read (and ignored) within the limit, so an oversized one is a 413.
+        _ = try await request.body.collect(upTo: context.maxUploadSize)
         let id = try Self.jobID(context)
         switch try await self.jobs.cancel(id: id) {
         case .cancelled(let job):

@@ -28,6 +28,7 @@ public struct AppRequestContext: RequestContext {
 ///   new one), and every log line about the request carries it as `metricsd.request.id`.
 /// - Every error, Hummingbird's own included, becomes `{"error": …, "statusCode": …}`. Unexpected errors are a
 ///   500 whose body says only "internal server error" and the request id; the details go to the log.
+/// - A request whose `Content-Length` is over 16 KiB gets 413 at once, whatever the route.
 /// - Beyond `maxInFlight` concurrent requests, new ones get an immediate 503 instead of queueing: memory stays
 ///   bounded and clients get a fast answer under overload.
 struct EdgeMiddleware: RouterMiddleware {
@@ -49,7 +50,12 @@ struct EdgeMiddleware: RouterMiddleware {
         let started = ContinuousClock.now
         var response: Response
         var route = "unmatched"
-        if self.inFlight.enter(limit: self.maxInFlight) {
+        if let declared = request.headers[.contentLength].flatMap({ Int($0) }), declared > context.maxUploadSize {
+            // A declared body over the limit is refused on every route before anything reads it (routes that
+            // read a body also enforce the limit on what arrives, chunked bodies included).
+            response = AppError(.contentTooLarge, "request body is larger than 16 KiB").response(requestID: requestID)
+            route = "too_large"
+        } else if self.inFlight.enter(limit: self.maxInFlight) {
             defer { self.inFlight.leave() }
             do {
                 response = try await next(request, context)
