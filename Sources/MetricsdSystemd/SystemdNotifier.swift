@@ -108,7 +108,7 @@ public struct SystemdNotifier: Sendable {
         result.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
         for scalar in text.unicodeScalars {
             switch scalar {
-            case "\n", "\r": result.unicodeScalars.append(" ")
+            case "\n", "\r", "\t": result.unicodeScalars.append(" ")
             case "\0": continue
             default: result.unicodeScalars.append(scalar)
             }

@@ -86,7 +86,10 @@ import Testing
         #expect(service["Restart"] == ["on-failure"])
         #expect(service["DynamicUser"] == ["yes"])
         #expect(service["LoadCredential"] == ["jwt-secret:metricsd-jwt-secret", "admin-token:metricsd-admin-token"])
-        #expect(service["Environment"] == nil, "secrets must not be passed with Environment=")
+        let secretVariables = ["METRICSD_JWT_SECRET=", "METRICSD_ADMIN_TOKEN=", "PGPASSWORD=", "DATABASE_URL="]
+        #expect(
+            (service["Environment"] ?? []).allSatisfy { line in !secretVariables.contains { line.hasPrefix($0) } },
+            "secrets must not be passed with Environment=")
         #expect(service["StartLimitIntervalSec"] == nil && service["StartLimitBurst"] == nil)
     }
 

@@ -52,12 +52,15 @@ import Testing
         let pool = PostgresPool(
             settings: try ConnectionSettings(conninfo: database.url, environment: [:]),
             configuration: .init(size: 1, acquireTimeout: .milliseconds(200)), logger: database.logger)
-        async let slow: Void = pool.withConnection { _ = try $0.query("SELECT pg_sleep(1.5)") }
-        try await Task.sleep(for: .milliseconds(300))
+        // The only connection is busy for 4 s: a second caller must get `.poolTimeout` after about 200 ms, not
+        // the connection after 4 s (the bound is loose because other tests load the machine).
+        async let slow: Void = pool.withConnection { _ = try $0.query("SELECT pg_sleep(4)") }
+        let busy = await DaemonProcess.eventually(timeout: .seconds(10)) { pool.usage.inUse == 1 }
+        try #require(busy)
         let started = ContinuousClock.now
         let error = await #expect(throws: PostgresError.self) { try await pool.withConnection { try $0.query("SELECT 1") } }
         #expect(error?.code == .poolTimeout)
-        #expect(ContinuousClock.now - started < .milliseconds(1000))
+        #expect(ContinuousClock.now - started < .milliseconds(2500))
         try await slow
         #expect(pool.usage.waiting == 0)
         await pool.close()
