@@ -23,20 +23,24 @@ import UnixSignals
 public enum Daemon {
     /// Runs the daemon until it stops; returns the process exit code.
     public static func serve(environment base: [String: String], migrate: Bool) async -> Int32 {
-        let notifier = SystemdNotifier()
+        let early = SystemdNotifier()  // before logging exists: configuration errors only
         let environment: [String: String]
         let configuration: Configuration
         do {
             environment = try ConfigFile.merge(into: base)
             configuration = try Configuration(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: notifier)
+            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
         }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
             LogSetup.makeHandler(label: label, format: configuration.logFormat, level: levelBox, environment: environment)
         }
         let logger = Logger(label: "metricsd")
+        let notifier = SystemdNotifier(logger: logger)  // logs the first failed send
+        // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
+        let fatalLogger: Logger? =
+            LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
 
@@ -46,7 +50,7 @@ public enum Daemon {
             tokens = try await TokenVerifier(configuration.tokens)
             settings = try configuration.connectionSettings(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: notifier, logger: logger)
+            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: notifier, logger: fatalLogger)
         }
         let pool = PostgresPool(
             settings: settings,
@@ -68,9 +72,11 @@ public enum Daemon {
             logger.info("Stopped during start-up")
             code = 0
         } catch let error as StartupError {
-            code = Self.fatal(error.message, errno: error.errno, notifier: notifier, logger: logger)
+            code = Self.fatal(error.message, errno: error.errno, notifier: notifier, logger: fatalLogger)
         } catch {
-            code = Self.fatal(Self.describe(error, listen: configuration.listen), errno: Self.errno(of: error), notifier: notifier, logger: logger)
+            code = Self.fatal(
+                Self.describe(error, listen: configuration.listen), errno: Self.errno(of: error), notifier: notifier,
+                logger: fatalLogger)
         }
         await pool.close()
         return code
@@ -129,6 +135,8 @@ public enum Daemon {
             }
         }
         logger.info("Schema migrated", metadata: ["metricsd.migrations": "\(applied.joined(separator: ","))"])
+        // The last step's extension may be nearly used up: cover binding the listener and starting the scheduler.
+        notifier.extendTimeout(by: .seconds(30))
     }
 
     // MARK: Running
@@ -156,6 +164,7 @@ public enum Daemon {
         let liveness = Liveness()
         let signal = WorkSignal()
         let started = StartupGate()
+        let listening = ListeningGate()
         let status = StatusBoard(notifier: notifier)
         let reporter = OperatorMetrics(status: StatusQueries(pool: pool), jobs: jobs, version: formula.version)
 
@@ -172,7 +181,7 @@ public enum Daemon {
             HTTPDependencies(
                 store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
                 formula: formula, prometheus: configuration.metricsListen == nil ? registry : nil,
-                maxInFlight: configuration.maxConnections))
+                maxInFlight: configuration.maxInFlight))
         let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
         let app = Application(
@@ -187,6 +196,7 @@ public enum Daemon {
                 reuseAddress: true,
                 availableConnectionsDelegate: MaximumConnections(configuration.maxConnections)),
             onServerRunning: { channel in
+                listening.open()
                 await started.wait()
                 let address = channel.localAddress.map(Self.describe) ?? configuration.listen.description
                 status.serving(on: address)
@@ -207,10 +217,15 @@ public enum Daemon {
                     configuration: watchdog, notifier: notifier, liveness: liveness,
                     eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: logger))
         }
+        // The work starts once the listener is bound (start-up order); a taken port means no work at all.
         services.append(
-            InstanceHeartbeat(instances: Instances(pool: pool), identity: identity, interval: .seconds(10), logger: logger))
-        services.append(SettingsListener(pool: pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: logger))
-        services.append(scheduler)
+            AfterListening(
+                listening,
+                InstanceHeartbeat(instances: Instances(pool: pool), identity: identity, interval: .seconds(10), logger: logger)))
+        services.append(
+            AfterListening(
+                listening, SettingsListener(pool: pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: logger)))
+        services.append(AfterListening(listening, scheduler))
         if let metricsListen = configuration.metricsListen {
             let metricsRouter = Router()
             addMetricsRoute(to: metricsRouter, registry: registry)
@@ -314,6 +329,38 @@ public enum Daemon {
     static func describe(_ address: SocketAddress) -> String {
         guard let ip = address.ipAddress, let port = address.port else { return "\(address)" }
         return ip.contains(":") ? "[\(ip)]:\(port)" : "\(ip):\(port)"
+    }
+}
+
+/// Opens once the main HTTP listener is bound.
+final class ListeningGate: Sendable {
+    private let isOpen = Atomic<Bool>(false)
+
+    func open() { self.isOpen.store(true, ordering: .releasing) }
+
+    /// True once open; false if the task is cancelled or the group shuts down first (the bind failed).
+    func wait() async -> Bool {
+        while !self.isOpen.load(ordering: .acquiring) {
+            if Task.isCancelled || Task.isShuttingDownGracefully { return false }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return true
+    }
+}
+
+/// Runs `service` only after the listener is bound, or not at all when the group stops first.
+struct AfterListening: Service {
+    let listening: ListeningGate
+    let service: any Service
+
+    init(_ listening: ListeningGate, _ service: any Service) {
+        self.listening = listening
+        self.service = service
+    }
+
+    func run() async throws {
+        guard await self.listening.wait() else { return }
+        try await self.service.run()
     }
 }
 

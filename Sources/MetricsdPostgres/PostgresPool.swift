@@ -80,7 +80,9 @@ public final class PostgresPool: Sendable {
         do {
             return try await self.runOnce(body)
         } catch let error as PostgresError where retryOnConnectionLoss && error.code == .connectionLost {
-            return try await self.runOnce(body)
+            // Never on another pooled connection: after a server restart or `pg_terminate_backend` it is as dead
+            // as the first one, and the caller (a request, a chunk's failure record) would fail for nothing.
+            return try await self.runOnce(body, fresh: true)
         }
     }
 
@@ -122,15 +124,18 @@ public final class PostgresPool: Sendable {
 
     // MARK: Internals
 
-    private func runOnce<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
+    /// - Parameter fresh: open a new connection even when an idle one is free (the idle one is closed).
+    private func runOnce<T: Sendable>(
+        _ body: @escaping @Sendable (PostgresConnection) throws -> T, fresh: Bool = false
+    ) async throws -> T {
         let slot = try await self.acquire()
         let settings = self.settings
         let transfer = UnsafeTransfer(slot)
         let outcome = try await self.threadPool.runIfActive { () -> UnsafeTransfer<(PostgresConnection?, Result<T, any Error>)> in
             let connection: PostgresConnection
             switch transfer.value {
-            case .connection(let existing): connection = existing
-            case .open:
+            case .connection(let existing) where !fresh: connection = existing
+            case .connection, .open:
                 do {
                     connection = try PostgresConnection(settings: settings)
                 } catch {
@@ -147,12 +152,29 @@ public final class PostgresPool: Sendable {
         if case .failure(let error as PostgresError) = outcome.1 {
             switch error.code {
             case .connectionFailed: self.connectErrorCounter.increment()
-            case .connectionLost: self.lostCounter.increment()
+            case .connectionLost:
+                self.lostCounter.increment()
+                await self.closeIdle()
             case .queryFailed: self.queryErrorCounter.increment()
             default: break
             }
         }
         return try outcome.1.get()
+    }
+
+    /// Closes the idle connections: one connection found lost (server restarted, backends terminated) means
+    /// the idle ones, opened before, are most likely lost too, and libpq only notices on their next use, which
+    /// would fail a batch or a request. Their slots reopen on demand.
+    private func closeIdle() async {
+        let idle = self.state.withLock { state in
+            let idle = state.idle
+            state.open -= idle.count
+            state.idle = []
+            return UnsafeTransfer(idle)
+        }
+        guard !idle.value.isEmpty else { return }
+        self.recordGauges()
+        _ = try? await self.threadPool.runIfActive { _ = idle.value.count }  // drop the last references on a pool thread
     }
 
     private func acquire() async throws -> Slot {

@@ -47,6 +47,11 @@ public struct Configuration: Sendable {
     public var idleTimeoutSeconds: Double
     /// `METRICSD_MAX_CONNECTIONS`: open HTTP connections accepted at once, default 1024.
     public var maxConnections: Int
+    /// `METRICSD_MAX_IN_FLIGHT`: requests handled at once; beyond it a request gets an immediate 503 with
+    /// `Retry-After`. Default 8 × `METRICSD_DB_POOL_SIZE` (64), at most `METRICSD_MAX_CONNECTIONS`: every request
+    /// needs the database, so more in flight only wait, and under overload (the fault-injection suite: 512
+    /// connections) they waited up to 10 s instead of getting a fast 503.
+    public var maxInFlight: Int
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
     /// `METRICSD_FAULTS` (testing only): injected faults, e.g. `stall-scheduler-after=3`.
@@ -104,6 +109,8 @@ public struct Configuration: Sendable {
             "METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS", default: 10, range: 0.1...600)
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS", default: 60, range: 0.1...3600)
         self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS", default: 1024, range: 1...100_000)
+        self.maxInFlight = try reader.integer(
+            "METRICSD_MAX_IN_FLIGHT", default: min(self.maxConnections, 8 * self.poolSize), range: 1...100_000)
         let testVersion = try reader.parseOptional("METRICSD_TEST_FORMULA_VERSION", expected: "a version number") {
             Int($0).flatMap { $0 >= MetricsFormula.current.version ? $0 : nil }
         }

@@ -134,9 +134,16 @@ public struct Scheduler: Service {
     private func workerLoop(_ worker: Int) async {
         let key = "worker\(worker)"
         var failures = 0
+        // A chunk whose failure could not be recorded (the database was unreachable): it stays leased to this
+        // instance, untouched, for the rest of its lease unless the failure is recorded once the database is back.
+        var unrecorded: (chunk: ClaimedChunk, error: String)?
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             var claimed: ClaimedChunk?
             do {
+                if let failed = unrecorded {
+                    try await self.queue.fail(failed.chunk, error: failed.error)
+                    unrecorded = nil
+                }
                 guard let chunk = try await self.queue.claim() else {
                     self.status.activity(key, nil)
                     failures = 0
@@ -169,7 +176,14 @@ public struct Scheduler: Service {
                 var metadata = claimed.map(Self.metadata) ?? [:]
                 metadata["metricsd.error"] = "\(error)"
                 self.logger.warning("Worker failed; retrying", metadata: metadata)
-                if let chunk = claimed { try? await self.queue.fail(chunk, error: "\(error)") }
+                if let chunk = claimed {
+                    let message = "\(error)"
+                    do {
+                        try await self.queue.fail(chunk, error: message)
+                    } catch {
+                        unrecorded = (chunk, message)
+                    }
+                }
                 let backoff = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
                 await cancelWhenGracefulShutdown { try? await Task.sleep(for: backoff) }
             }
