@@ -42,6 +42,32 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
         return self.message
     }
 
+    /// A few words on why the database cannot be used, without host names, ports or socket paths: for
+    /// unauthenticated answers such as `/readyz` (the full message goes to logs and systemd's STATUS).
+    public var summary: String {
+        switch self.code {
+        case .poolTimeout: return "no free connection"
+        case .poolClosed: return "shutting down"
+        case .badConnectionString: return "invalid DATABASE_URL"
+        default: break
+        }
+        let known: [(String, String)] = [
+            ("Connection refused", "connection refused"), ("timeout expired", "connection timed out"),
+            ("authentication failed", "authentication failed"), ("too many clients", "too many connections"),
+            ("remaining connection slots", "too many connections"), ("is starting up", "database starting up"),
+            ("is shutting down", "database shutting down"), ("administrator command", "connection terminated"),
+            ("does not exist", "database or role does not exist"), ("could not translate host name", "host name not found"),
+            ("No such file or directory", "no server at the socket"), ("server closed the connection", "connection lost"),
+            ("SSL", "SSL error"),
+        ]
+        for (needle, summary) in known where self.message.contains(needle) { return summary }
+        switch self.code {
+        case .connectionLost: return "connection lost"
+        case .queryFailed: return "query failed" + (self.sqlState.map { " (SQLSTATE \($0))" } ?? "")
+        default: return "connection failed"
+        }
+    }
+
     /// True when the failure is about reaching the database rather than about a statement: worth waiting and
     /// retrying on another connection (server restarting, connection cut, too many connections, pool busy).
     public var isTransient: Bool {

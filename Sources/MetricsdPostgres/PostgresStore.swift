@@ -65,8 +65,10 @@ public final class PostgresStore: MetricsStore {
             return Readiness(
                 database: .ok, schema: .behind,
                 reason: Self.describe(SchemaStatus(pending: pending, unknown: [], changed: [], latestApplied: nil)))
+        } catch let error as PostgresError {
+            return Readiness(database: .unreachable, schema: .unknown, reason: "database unreachable: \(error.summary)")
         } catch {
-            return Readiness(database: .unreachable, schema: .unknown, reason: "database unreachable: \(error)")
+            return Readiness(database: .unreachable, schema: .unknown, reason: "database unreachable")
         }
     }
 

@@ -46,6 +46,23 @@ import Testing
         #expect(settings.conninfo == "postgresql://h/db?connect_timeout=9")
     }
 
+    /// What `/readyz` says about a database problem names no host, port or socket path.
+    @Test(arguments: [
+        ("connection to server at \"10.1.2.3\", port 5432 failed: Connection refused", "connection refused"),
+        ("connection to server on socket \"/var/run/postgresql/.s.PGSQL.5432\" failed: No such file or directory", "no server at the socket"),
+        ("connection to server at \"db.internal\" (10.0.0.7), port 5432 failed: FATAL:  sorry, too many clients already", "too many connections"),
+        ("connection to server at \"db\", port 5432 failed: FATAL:  password authentication failed for user \"metricsd\"", "authentication failed"),
+        ("could not translate host name \"db.internal\" to address: Name or service not known", "host name not found"),
+        ("something else entirely at /etc/secret/path", "connection failed"),
+    ])
+    func summaryNamesNoHostPortOrPath(message: String, summary: String) {
+        let error = PostgresError(code: .connectionFailed, message: message)
+        #expect(error.summary == summary)
+        for secret in ["10.1.2.3", "5432", "/var/run", "db.internal", "metricsd", "/etc"] {
+            #expect(!error.summary.contains(secret))
+        }
+    }
+
     @Test func busyPoolAnswersWithATimeoutNotAQueue() async throws {
         let database = try await TestDatabase.create(poolSize: 1)
         defer { Task { await database.drop() } }
