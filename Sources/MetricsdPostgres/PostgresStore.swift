@@ -7,18 +7,24 @@ public final class PostgresStore: MetricsStore {
     public let formula: MetricsFormula
     private let migrator: Migrator
     private let logger: Logger
+    private let batcher: LatestMetricsBatcher
 
-    public init(pool: PostgresPool, formula: MetricsFormula, migrator: Migrator = Migrator(), logger: Logger) {
+    /// - Parameter readRunners: how many batched latest-metrics reads run at once; default half the pool.
+    public init(
+        pool: PostgresPool, formula: MetricsFormula, migrator: Migrator = Migrator(), readRunners: Int? = nil,
+        logger: Logger
+    ) {
         self.pool = pool
         self.formula = formula
         self.migrator = migrator
         self.logger = logger
+        self.batcher = LatestMetricsBatcher(
+            pool: pool, maxRunners: readRunners ?? max(1, pool.configuration.size / 2))
     }
 
+    /// Concurrent reads are coalesced into one statement per batch (`LatestMetricsBatcher`).
     public func latestMetrics(userID: Int64) async throws -> LatestMetrics? {
-        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try Self.readLatest(userID: userID, on: connection)
-        }
+        try await self.batcher.load(userID: userID)
     }
 
     public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {
@@ -86,17 +92,40 @@ public final class PostgresStore: MetricsStore {
     static func readLatest(userID: Int64, on connection: PostgresConnection) throws -> LatestMetrics? {
         let result = try connection.prepared("latest_metrics", SQL.latestMetrics, [String(userID)])
         guard result.rowCount == 1 else { return nil }
-        let bmiText = try result.requiredString(0, 0)
+        return try Self.decodeLatest(result, row: 0, column: 0, userID: userID)
+    }
+
+    /// The latest metrics of each of `userIDs` that has any, in one statement.
+    static func readLatest(userIDs: [Int64], on connection: PostgresConnection) throws -> [Int64: LatestMetrics] {
+        if userIDs.count == 1 {
+            return try Self.readLatest(userID: userIDs[0], on: connection).map { [userIDs[0]: $0] } ?? [:]
+        }
+        let array = "{" + userIDs.map(String.init).joined(separator: ",") + "}"
+        let result = try connection.prepared("latest_metrics_batch", SQL.latestMetricsBatch, [array])
+        var found: [Int64: LatestMetrics] = [:]
+        found.reserveCapacity(result.rowCount)
+        for row in 0..<result.rowCount {
+            let userID = try result.int(row, 0)
+            found[userID] = try Self.decodeLatest(result, row: row, column: 1, userID: userID)
+        }
+        return found
+    }
+
+    /// One row of `latestMetrics` (or of `latestMetricsBatch` from column 1).
+    private static func decodeLatest(_ result: PostgresResult, row: Int, column: Int, userID: Int64) throws
+        -> LatestMetrics
+    {
+        let bmiText = try result.requiredString(row, column)
         guard let bmi = FixedPoint(parsing: bmiText, scale: 1) else {
             throw PostgresError(code: .unexpectedResult, message: "bmi \(bmiText) of user \(userID) is not a number")
         }
         let metrics = ComputedMetrics(
-            bmiTenths: bmi.units, bmr: try result.int(0, 1), tdee: try result.int(0, 2),
-            version: Int(try result.int(0, 3)))
+            bmiTenths: bmi.units, bmr: try result.int(row, column + 1), tdee: try result.int(row, column + 2),
+            version: Int(try result.int(row, column + 3)))
         return LatestMetrics(
             metrics: metrics,
-            computedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 4)),
-            acknowledgedAt: try result.optionalInt(0, 5).map { Timestamp(millisecondsSinceEpoch: $0) })
+            computedAt: Timestamp(millisecondsSinceEpoch: try result.int(row, column + 4)),
+            acknowledgedAt: try result.optionalInt(row, column + 5).map { Timestamp(millisecondsSinceEpoch: $0) })
     }
 }
 

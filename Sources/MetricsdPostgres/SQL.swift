@@ -414,6 +414,20 @@ enum SQL {
           ON a.user_id = $1 AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
         """
 
+    /// `latestMetrics` for many users in one statement (`$1` a bigint array): one row per user who has metrics,
+    /// the user id first. Each user's row is found by the same `LIMIT 1` probe of the `(user_id, computed_at DESC)`
+    /// index (a nested loop over the array); users without metrics have no row.
+    static let latestMetricsBatch = """
+        SELECT u.id, pm.bmi::text, pm.bmr, pm.tdee, pm.version,
+               (extract(epoch FROM pm.computed_at) * 1000)::bigint,
+               (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
+        FROM unnest($1::bigint[]) AS u(id)
+        CROSS JOIN LATERAL (SELECT bmi, bmr, tdee, version, computed_at FROM profile_metrics
+                            WHERE user_id = u.id ORDER BY computed_at DESC LIMIT 1) pm
+        LEFT JOIN metrics_acknowledgements a
+          ON a.user_id = u.id AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
+        """
+
     /// Acknowledges the user's current metrics if they are the ones named (`$2` version, `$3` computed_at in
     /// epoch milliseconds). Idempotent: acknowledging the same metrics again keeps the first `acknowledgedAt`.
     /// Returns: has metrics, names the current ones, acknowledged-at (epoch ms).

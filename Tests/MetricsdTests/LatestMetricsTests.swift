@@ -51,6 +51,52 @@ import Testing
                 return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
             }
             #expect(generic.contains("Index Scan using profile_metrics_user_computed_at_idx"), "generic plan:\n\(generic)")
+            // The batched read: one index probe per user of the array, never a scan of the table.
+            let batch = try await database.pool.withConnection { connection in
+                try connection.execute("PREPARE latest_batch(bigint[]) AS " + SQL.latestMetricsBatch)
+                let result = try connection.query("EXPLAIN EXECUTE latest_batch('{4242,17,99}')")
+                return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
+            }
+            #expect(batch.contains("Index Scan using profile_metrics_user_computed_at_idx"), "batch plan:\n\(batch)")
+            #expect(!batch.contains("Seq Scan on profile_metrics"), "batch plan:\n\(batch)")
+        }
+    }
+
+    /// Concurrent reads are coalesced into batches; each caller still gets its own user's row (or nil), however
+    /// the batches fall, with repeated users in one batch and users without metrics among them.
+    @Test func concurrentReadsEachGetTheirOwnUsersMetrics() async throws {
+        try await withTestDatabase { database in
+            try await database.execute(
+                """
+                INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, 300) g;
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT u, 20.0 + u / 10.0, 1000 + u, 2000 + u, 1, '2026-01-01', '2026-01-01T00:05:00Z'::timestamptz
+                       + u * interval '1 millisecond'
+                FROM generate_series(1, 300) u WHERE u % 7 <> 0;
+                INSERT INTO metrics_acknowledgements (user_id, version, metrics_computed_at, acknowledged_at)
+                SELECT u, 1, '2026-01-01T00:05:00Z'::timestamptz + u * interval '1 millisecond', '2026-01-02T00:00:00Z'
+                FROM generate_series(1, 300) u WHERE u % 5 = 0 AND u % 7 <> 0;
+                """)
+            let store = PostgresStore(pool: database.pool, formula: .current, readRunners: 2, logger: database.logger)
+            let requests = (0..<3000).map { Int64($0 % 300 + 1) }.shuffled()
+            let answers = try await withThrowingTaskGroup(of: (Int64, LatestMetrics?).self) { group in
+                for userID in requests {
+                    group.addTask { (userID, try await store.latestMetrics(userID: userID)) }
+                }
+                return try await group.reduce(into: [(Int64, LatestMetrics?)]()) { $0.append($1) }
+            }
+            #expect(answers.count == requests.count)
+            for (userID, latest) in answers {
+                if userID % 7 == 0 {
+                    #expect(latest == nil, "user \(userID) has no metrics")
+                    continue
+                }
+                let expected = ComputedMetrics(
+                    bmiTenths: 200 + userID, bmr: 1000 + userID, tdee: 2000 + userID, version: 1)
+                #expect(latest?.metrics == expected, "user \(userID)")
+                #expect(latest?.computedAt == Timestamp(millisecondsSinceEpoch: 1_767_225_900_000 + userID))
+                #expect((latest?.acknowledgedAt != nil) == (userID % 5 == 0), "user \(userID)")
+            }
         }
     }
 

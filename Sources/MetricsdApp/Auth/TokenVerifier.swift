@@ -272,20 +272,38 @@ struct AnyJSON: Decodable {
     init(from decoder: any Decoder) throws {}
 }
 
-/// base64url without padding (RFC 7515).
+/// base64url without padding (RFC 7515), decoded by hand: no intermediate strings on the request path.
 enum Base64URL {
-    static func decode(_ text: Substring) -> [UInt8]? {
-        guard text.utf8.allSatisfy({ byte in
-            (byte >= 65 && byte <= 90) || (byte >= 97 && byte <= 122) || (byte >= 48 && byte <= 57) || byte == 45 || byte == 95
-        }) else { return nil }
-        var base64 = String(text).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        switch base64.utf8.count % 4 {
-        case 2: base64 += "=="
-        case 3: base64 += "="
-        case 1: return nil
-        default: break
+    /// The 6-bit value of each ASCII byte of the URL-safe alphabet, 0xFF for anything else (`=` included).
+    private static let table: [UInt8] = {
+        var table = [UInt8](repeating: 0xFF, count: 256)
+        for (index, byte) in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8.enumerated() {
+            table[Int(byte)] = UInt8(index)
         }
-        return Data(base64Encoded: base64).map { Array($0) }
+        return table
+    }()
+
+    static func decode(_ text: Substring) -> [UInt8]? {
+        let utf8 = text.utf8
+        let count = utf8.count
+        guard count % 4 != 1 else { return nil }
+        var output = [UInt8]()
+        output.reserveCapacity(count * 3 / 4)
+        var accumulator: UInt32 = 0
+        var bits = 0
+        for byte in utf8 {
+            let value = Self.table[Int(byte)]
+            guard value != 0xFF else { return nil }
+            accumulator = (accumulator << 6) | UInt32(value)
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                output.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
+            }
+        }
+        // Leftover bits must be zero (RFC 4648 §3.5: canonical encoding), as Foundation's decoder requires too.
+        guard accumulator & ((1 << UInt32(bits)) - 1) == 0 else { return nil }
+        return output
     }
 }
 

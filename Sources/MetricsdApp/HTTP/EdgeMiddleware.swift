@@ -70,8 +70,8 @@ struct EdgeMiddleware: RouterMiddleware {
         }
         if route == "NotFound" { route = "unmatched" }
         response.headers[.requestID] = requestID
-        let seconds = Double((ContinuousClock.now - started).components.attoseconds) / 1e18
-            + Double((ContinuousClock.now - started).components.seconds)
+        let elapsed = (ContinuousClock.now - started).components
+        let seconds = Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18
         HTTPMetrics.record(route: route, method: request.method, status: response.status.code, seconds: seconds)
         return response
     }
@@ -174,13 +174,33 @@ struct KnownRoutes: Sendable {
 }
 
 /// HTTP series for `/metrics`: requests by route and status, latency by route.
+///
+/// The metric objects are made once per (route, method, status) and kept: making them asks the metrics backend
+/// to look its registry up (a lock, label strings) on every request otherwise. Routes are the router's
+/// patterns (plus "unmatched", "shed", "too_large"), so the set stays small whatever clients send.
 enum HTTPMetrics {
+    private struct Key: Hashable {
+        let route: String
+        let method: String
+        let status: Int
+    }
+
+    private static let cache = Mutex<[Key: (CoreMetrics.Counter, CoreMetrics.Timer)]>([:])
+
     static func record(route: String, method: HTTPRequest.Method, status: Int, seconds: Double) {
-        Counter(
-            label: "metricsd_http_requests_total",
-            dimensions: [("route", route), ("method", method.rawValue), ("status", String(status))]
-        ).increment()
-        Timer(label: "metricsd_http_request_duration_seconds", dimensions: [("route", route)])
-            .recordNanoseconds(Int64(seconds * 1e9))
+        let key = Key(route: route, method: method.rawValue, status: status)
+        let (counter, timer) = Self.cache.withLock { cache in
+            if let cached = cache[key] { return cached }
+            let made = (
+                Counter(
+                    label: "metricsd_http_requests_total",
+                    dimensions: [("route", route), ("method", key.method), ("status", String(status))]),
+                CoreMetrics.Timer(label: "metricsd_http_request_duration_seconds", dimensions: [("route", route)])
+            )
+            cache[key] = made
+            return made
+        }
+        counter.increment()
+        timer.recordNanoseconds(Int64(seconds * 1e9))
     }
 }

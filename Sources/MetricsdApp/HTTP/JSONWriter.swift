@@ -86,6 +86,13 @@ struct JSONWriter {
 
     mutating func writeString(_ string: String) {
         self.text += "\""
+        // Fast path: nothing to escape (no control character, quote, backslash, and no 0xE2 lead byte that could
+        // start U+2028/U+2029), so the string goes in whole.
+        if string.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C && $0 != 0xE2 }) {
+            self.text += string
+            self.text += "\""
+            return
+        }
         for scalar in string.unicodeScalars {
             switch scalar {
             case "\"": self.text += "\\\""
