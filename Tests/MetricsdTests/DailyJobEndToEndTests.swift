@@ -29,7 +29,8 @@ import Testing
                 SET session_replication_role = DEFAULT;
                 ANALYZE users;
                 """)
-            // The daily time: the next minute boundary plus one minute, in UTC.
+            // The daily time, in UTC: two minutes after the next minute boundary (`date(bySetting:)` moves forward
+            // to the next second 0), so 2–3 minutes from now.
             let now = Date()
             var calendar = Calendar(identifier: .gregorian)
             calendar.timeZone = TimeZone(identifier: "UTC")!
@@ -75,8 +76,10 @@ import Testing
                 #expect(early == "0", "UTC+0 zones got rows before \(dailyAt)")
             }
 
-            // After the daily time: the UTC+0 zones' users each get exactly one row for today.
-            let done = await DaemonProcess.eventually(timeout: .seconds(150)) {
+            // After the daily time: the UTC+0 zones' users each get exactly one row for today. The wait is counted
+            // from the daily time itself (it is 2–3 minutes away, whatever the catch-up took).
+            let untilDue = Duration.milliseconds(Int64(max(0, due.timeIntervalSinceNow) * 1000))
+            let done = await DaemonProcess.eventually(timeout: untilDue + .seconds(90)) {
                 guard Date() > due else { return false }
                 let count = try? await database.value(
                     """

@@ -101,7 +101,10 @@ public struct Scheduler: Service {
         guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return now + interval }
         let wall = Date().timeIntervalSince1970
         let intoMinute = wall.truncatingRemainder(dividingBy: 60)
-        let untilAligned = (61 - intoMinute).truncatingRemainder(dividingBy: 60)
+        var untilAligned = (61 - intoMinute).truncatingRemainder(dividingBy: 60)
+        // A tick that woke a hair before second 1 on the wall clock (the sleep runs on the monotonic clock) would
+        // otherwise schedule the next one for right now: one tick per minute, not two.
+        if untilAligned < 1 { untilAligned += 60 }
         let base = now + .milliseconds(Int64(untilAligned * 1000))
         return base + interval - .seconds(60)
     }
