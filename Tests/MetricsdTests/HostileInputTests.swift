@@ -177,6 +177,14 @@ import Testing
     @Test func requestIDRoundTrip() async throws {
         try await Self.withUserAndMetrics { database in
             let daemon = try await DaemonProcess.start(database: database)
+            // The daemon's catch-up writes today's row for user 1 right after the start; the acknowledgement below
+            // names the latest row, so wait for it (else the ack rightly answers 404: the metrics were updated).
+            let settled = await DaemonProcess.eventually(timeout: .seconds(30)) {
+                (try? await database.value(
+                    "SELECT count(*) FILTER (WHERE state = 'done') > 0 AND count(*) FILTER (WHERE state <> 'done') = 0 FROM daily_units"
+                )) == "t"
+            }
+            try #require(settled, "the daily catch-up did not finish:\n\(daemon.log.suffix(2000))")
             let user = TestTokens.bearer(TestTokens.user(1))
             let admin = TestTokens.bearer(APIServer.adminToken)
             let big = String(repeating: "x", count: 17 * 1024)

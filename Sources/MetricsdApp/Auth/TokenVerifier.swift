@@ -111,17 +111,23 @@ public struct TokenVerifier: Sendable {
         guard let headerData = Base64URL.decode(parts[0]), let payloadData = Base64URL.decode(parts[1]),
             let signature = Base64URL.decode(parts[2])
         else { throw TokenError("malformed token") }
-        guard let header = try? JSONDecoder().decode(JWTHeaderFields.self, from: Data(headerData)) else {
-            throw TokenError("malformed token header")
+        let alg: String
+        if let known = Self.commonHeaders[headerData] {
+            alg = known  // the usual header, byte for byte: no JSON parsing on the hot path
+        } else {
+            guard let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData)) else {
+                throw TokenError("malformed token header")
+            }
+            guard header.crit == nil else { throw TokenError("unsupported critical header") }
+            alg = header.alg
         }
-        guard header.crit == nil else { throw TokenError("unsupported critical header") }
-        guard let algorithm = self.algorithms[header.alg] else {
-            throw TokenError("token algorithm \(Self.shown(header.alg)) is not accepted")
+        guard let algorithm = self.algorithms[alg] else {
+            throw TokenError("token algorithm \(Self.shown(alg)) is not accepted")
         }
         let signingInput = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
         let valid = (try? algorithm.verify(signature, signs: signingInput)) ?? false
         guard valid else { throw TokenError("invalid token signature") }
-        guard let claims = try? JSONDecoder().decode(JWTClaims.self, from: Data(payloadData)) else {
+        guard let claims = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
             throw TokenError("malformed token payload")
         }
         guard let exp = claims.exp?.seconds else { throw TokenError("token has no valid exp claim") }
@@ -139,6 +145,23 @@ public struct TokenVerifier: Sendable {
         guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
         return userID
     }
+
+    /// One decoder for every token (decoding does not change it; `JSONDecoder` is safe to share).
+    private static let decoder = JSONDecoder()
+
+    /// The headers token libraries write (compact JSON, `alg` and `typ` in either order, or `alg` alone) and
+    /// their algorithm. Any other header goes through the JSON decoder and the `crit` check.
+    private static let commonHeaders: [[UInt8]: String] = {
+        var headers: [[UInt8]: String] = [:]
+        for alg in ["HS256", "EdDSA", "ES256", "RS256"] {
+            for json in [
+                #"{"alg":"\#(alg)","typ":"JWT"}"#, #"{"typ":"JWT","alg":"\#(alg)"}"#, #"{"alg":"\#(alg)"}"#,
+            ] {
+                headers[Array(json.utf8)] = alg
+            }
+        }
+        return headers
+    }()
 
     private static func shown(_ text: String) -> String {
         "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"

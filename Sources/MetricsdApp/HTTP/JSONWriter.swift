@@ -84,11 +84,36 @@ struct JSONWriter {
         }
     }
 
+    /// Appends already-encoded JSON.
+    mutating func raw(_ json: String) {
+        self.text += json
+    }
+
+    /// Whether `string` holds a byte JSON needs escaped: a control character, `"`, `\\`, or U+2028/U+2029
+    /// (E2 80 A8/A9 in UTF-8), which JavaScript does not accept raw in a string literal.
+    static func needsEscaping(_ string: String) -> Bool {
+        var string = string
+        return string.withUTF8 { bytes in
+            var index = 0
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte < 0x20 || byte == 0x22 || byte == 0x5C { return true }
+                if byte == 0xE2, index + 2 < bytes.count, bytes[index + 1] == 0x80,
+                    bytes[index + 2] == 0xA8 || bytes[index + 2] == 0xA9
+                {
+                    return true
+                }
+                index += 1
+            }
+            return false
+        }
+    }
+
     mutating func writeString(_ string: String) {
         self.text += "\""
-        // Fast path: nothing to escape (no control character, quote, backslash, and no 0xE2 lead byte that could
-        // start U+2028/U+2029), so the string goes in whole.
-        if string.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C && $0 != 0xE2 }) {
+        // Fast path: nothing to escape (no control character, quote, backslash, U+2028 or U+2029), so the string
+        // goes in whole.
+        if !Self.needsEscaping(string) {
             self.text += string
             self.text += "\""
             return

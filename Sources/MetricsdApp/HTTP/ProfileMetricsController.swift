@@ -88,36 +88,37 @@ struct ProfileMetricsController {
         return userID
     }
 
-    /// SPEC.md's body, field for field.
+    /// SPEC.md's body, field for field (the hot path: written straight into one string).
     static func todayBody(_ latest: LatestMetrics) -> String {
         let metrics = latest.metrics
         let explanations = Explanations(metrics)
-        let acknowledgement: JSONWriter.Value =
-            latest.acknowledgedAt.map {
-                .raw(JSONWriter.object(["acknowledgedAt": .timestamp($0), "version": .int(Int64(metrics.version))]))
-            } ?? .null
-        var writer = JSONWriter(capacity: 768)
-        writer.writeObject([
-            "success": .bool(true),
-            "data": .raw(
-                JSONWriter.object([
-                    "metrics": .raw(
-                        JSONWriter.object([
-                            "bmi": .raw(metrics.bmi.description),
-                            "bmr": .int(metrics.bmr),
-                            "tdee": .int(metrics.tdee),
-                            "computedAt": .timestamp(latest.computedAt),
-                            "version": .int(Int64(metrics.version)),
-                        ])),
-                    "explanations": .raw(
-                        JSONWriter.object([
-                            "bmi": .string(explanations.bmi), "bmr": .string(explanations.bmr),
-                            "tdee": .string(explanations.tdee),
-                        ])),
-                    "acknowledged": .bool(latest.acknowledgedAt != nil),
-                    "acknowledgement": acknowledgement,
-                ])),
-        ])
+        let version = String(metrics.version)
+        var writer = JSONWriter(capacity: 1024)
+        writer.raw(#"{"success":true,"data":{"metrics":{"bmi":"#)
+        writer.raw(metrics.bmi.description)
+        writer.raw(#","bmr":"#)
+        writer.raw(String(metrics.bmr))
+        writer.raw(#","tdee":"#)
+        writer.raw(String(metrics.tdee))
+        writer.raw(#","computedAt":""#)
+        writer.raw(latest.computedAt.iso8601)
+        writer.raw(#"","version":"#)
+        writer.raw(version)
+        writer.raw(#"},"explanations":{"bmi":"#)
+        writer.writeString(explanations.bmi)
+        writer.raw(#","bmr":"#)
+        writer.writeString(explanations.bmr)
+        writer.raw(#","tdee":"#)
+        writer.writeString(explanations.tdee)
+        if let acknowledgedAt = latest.acknowledgedAt {
+            writer.raw(#"},"acknowledged":true,"acknowledgement":{"acknowledgedAt":""#)
+            writer.raw(acknowledgedAt.iso8601)
+            writer.raw(#"","version":"#)
+            writer.raw(version)
+            writer.raw("}}}")
+        } else {
+            writer.raw(#"},"acknowledged":false,"acknowledgement":null}}"#)
+        }
         return writer.text
     }
 }
