@@ -156,7 +156,7 @@ public enum Daemon {
         if let delay = configuration.faults.batchDelayMilliseconds {
             queue.faults.beforeCommit = { _, _ in usleep(UInt32(delay) * 1000) }
         }
-        let store = PostgresStore(pool: pool, formula: formula, logger: logger)
+        let store = PostgresStore(pool: pool, formula: formula, readRunners: configuration.readBatches, logger: logger)
         let jobs = RecomputeJobs(pool: pool, chunkSize: configuration.work.chunkSize)
         let credentials = CredentialBox(
             .init(tokens: tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))

@@ -27,6 +27,9 @@ public struct Configuration: Sendable {
     public var adminToken: String?
     /// `METRICSD_DB_POOL_SIZE`, default 8.
     public var poolSize: Int
+    /// `METRICSD_READ_BATCHES`: latest-metrics reads run as at most this many batched statements at once
+    /// (default 2, at most the pool size); further requests join the next batch.
+    public var readBatches: Int
     /// `METRICSD_DB_ACQUIRE_TIMEOUT_MS`: how long a request waits for a free connection before a 503. Default 2000.
     public var acquireTimeoutMilliseconds: Int
     /// `METRICSD_WORKERS`: chunks this instance works on at once, default 2.
@@ -94,6 +97,8 @@ public struct Configuration: Sendable {
             }
         }
         self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE", default: 8, range: 1...200)
+        self.readBatches = try reader.integer(
+            "METRICSD_READ_BATCHES", default: min(2, self.poolSize), range: 1...self.poolSize)
         self.acquireTimeoutMilliseconds = try reader.integer(
             "METRICSD_DB_ACQUIRE_TIMEOUT_MS", default: 2000, range: 10...60_000)
         self.workers = try reader.integer("METRICSD_WORKERS", default: 2, range: 0...64)
