@@ -294,7 +294,7 @@ import Testing
     @Test(.enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6)))
     func threeInstancesRaceOnEmptySchema() async throws {
         let started = ContinuousClock.now
-        try await withEmptyFaultDatabase { url in
+        try await withEmptyDatabase { url in
             let database = FaultDatabase(url: url)
             try await database.withConnection { connection in
                 _ = try Migrator(migrations: [Migration.all[0]]).migrate(on: connection, logger: Logger(label: "test"))
@@ -776,30 +776,8 @@ enum Fault {
         return try DaemonProcess(arguments: arguments, environment: environment, port: port)
     }
 
-    /// A free TCP port below the kernel's ephemeral range (32768–60999 here): a port picked from that range can be
-    /// taken, between the pick and the daemon's bind, as the local port of some outgoing connection (the
-    /// daemons' own connections to PostgreSQL), and the daemon then fails with "address already in use".
-    static func freePort() -> Int {
-        let ephemeralStart = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
-            .flatMap { $0.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first.flatMap { Int($0) } } ?? 32768
-        let range = 20000..<max(20001, min(ephemeralStart, 32768))
-        for _ in 0..<200 {
-            let port = Int.random(in: range)
-            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = in_port_t(UInt16(port).bigEndian)
-            let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
-            }
-            close(descriptor)
-            if bound == 0 { return port }
-        }
-        return DaemonProcess.freePort()
-    }
+    /// A port for a daemon to listen on (`DaemonProcess.freePort`).
+    static func freePort() -> Int { DaemonProcess.freePort() }
 
     /// Polls `condition` until it holds; the instant it did, or nil on timeout. Errors count as "not yet".
     static func waitUntil(
@@ -1031,23 +1009,6 @@ final class ConnectionHog: Sendable {
             return all
         }
         _ = try? await FaultDatabase.threads.runIfActive { _ = connections.count }
-    }
-}
-
-/// A new, empty database on the shared test server (no tables at all); dropped afterwards.
-func withEmptyFaultDatabase<T>(_ body: (String) async throws -> T) async throws -> T {
-    let name = "fault_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
-    try await TestDatabase.admin { try $0.execute("CREATE DATABASE \(name)") }
-    let drop = {
-        _ = try? await TestDatabase.admin { try $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
-    }
-    do {
-        let value = try await body(TestDatabase.url(try TestDatabase.serverURL(), database: name))
-        await drop()
-        return value
-    } catch {
-        await drop()
-        throw error
     }
 }
 

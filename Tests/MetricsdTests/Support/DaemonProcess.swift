@@ -23,22 +23,46 @@ final class DaemonProcess: @unchecked Sendable {  // the Process is only touched
         return path
     }
 
-    /// A TCP port nobody listens on right now.
+    /// A free TCP port below the kernel's ephemeral range (32768–60999 here): a port picked from that range can be
+    /// taken, between the pick and the daemon's bind, as the local port of some outgoing connection (the
+    /// daemons' own connections to PostgreSQL), and the daemon then fails with "address already in use".
     static func freePort() -> Int {
+        let ephemeralStart = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { $0.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first.flatMap { Int($0) } } ?? 32768
+        let range = 20000..<max(20001, min(ephemeralStart, 32768))
+        for _ in 0..<200 {
+            let port = Int.random(in: range)
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            let bound = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
+            }
+            close(descriptor)
+            if bound == 0 { return port }
+        }
+        return Self.kernelPickedPort()
+    }
+
+    /// A port the kernel picks (port 0), when no port below the ephemeral range is free.
+    private static func kernelPickedPort() -> Int {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(descriptor) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         address.sin_port = 0
-        _ = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
+            }
         }
-        return Int(UInt16(bigEndian: address.sin_port))
+        return bound ? Int(UInt16(bigEndian: address.sin_port)) : 0
     }
 
     /// A directory with a JWT secret and an admin token, for `METRICSD_JWT_SECRET_FILE` / `…_ADMIN_TOKEN_FILE`.
