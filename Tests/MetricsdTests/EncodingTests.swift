@@ -1,0 +1,82 @@
+import Foundation
+import HealthMetrics
+import Testing
+
+@testable import MetricsdApp
+
+/// The hand-written encoders and decoders on the request path, against Foundation's.
+@Suite struct EncodingTests {
+    /// base64url: every length 0…64 of random bytes decodes to the same bytes as Foundation's base64 decoder.
+    @Test func base64URLAgreesWithFoundation() throws {
+        var generator = SystemRandomNumberGenerator()
+        for length in 0...64 {
+            for _ in 0..<20 {
+                let bytes = (0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                let standard = Data(bytes).base64EncodedString()
+                let url = standard.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                    .replacingOccurrences(of: "=", with: "")
+                #expect(Base64URL.decode(Substring(url)) == bytes, "\(url)")
+            }
+        }
+    }
+
+    @Test(arguments: [
+        "a",  // a length of 4n+1 is never valid
+        "eyJ=",  // padding is not base64url
+        "ab+c", "ab/c",  // the standard alphabet's characters
+        "ab c", "abc\n", "abcé",  // anything else
+        "QR",  // 'R' leaves non-zero bits after the last byte: not canonical
+    ])
+    func base64URLRefuses(_ text: String) {
+        #expect(Base64URL.decode(Substring(text)) == nil)
+    }
+
+    /// JSON strings: the fast path (copied whole) and the escaping path give what JSONSerialization reads back.
+    @Test(arguments: [
+        "plain ASCII", "Mifflin–St Jeor (en dash), kg/m², ünïcödé, 😀", "quote \" and backslash \\",
+        "control \u{01}\t\n\r", "line separator \u{2028} and paragraph separator \u{2029}", "",
+    ])
+    func jsonStringsRoundTrip(_ text: String) throws {
+        var writer = JSONWriter()
+        writer.writeString(text)
+        let json = writer.text
+        let decoded = try JSONSerialization.jsonObject(with: Data("[\(json)]".utf8)) as? [String]
+        #expect(decoded == [text], "\(json)")
+        #expect(!json.contains("\u{2028}") && !json.contains("\u{2029}"))
+        #expect(JSONWriter.needsEscaping(text) == text.unicodeScalars.contains {
+            $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
+        })
+    }
+
+    /// The hand-written body of `GET …/today` is the JSON the generic writer makes, with and without an
+    /// acknowledgement.
+    @Test(arguments: [nil, Timestamp(millisecondsSinceEpoch: 1_761_748_245_123)])
+    func todayBodyIsWellFormed(_ acknowledgedAt: Timestamp?) throws {
+        let latest = LatestMetrics(
+            metrics: ComputedMetrics(bmiTenths: 225, bmr: 1650, tdee: 2268, version: 1),
+            computedAt: Timestamp(millisecondsSinceEpoch: 1_761_696_300_000), acknowledgedAt: acknowledgedAt)
+        let body = ProfileMetricsController.todayBody(latest)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
+        #expect(object["success"] as? Bool == true)
+        let data = try #require(object["data"] as? [String: Any])
+        let metrics = try #require(data["metrics"] as? [String: Any])
+        #expect((metrics["bmi"] as? NSNumber)?.doubleValue == 22.5)
+        #expect(metrics["bmr"] as? Int == 1650)
+        #expect(metrics["tdee"] as? Int == 2268)
+        #expect(metrics["computedAt"] as? String == "2025-10-29T00:05:00.000Z")
+        #expect(metrics["version"] as? Int == 1)
+        let explanations = try #require(data["explanations"] as? [String: String])
+        #expect(explanations == [
+            "bmi": Explanations(latest.metrics).bmi, "bmr": Explanations(latest.metrics).bmr,
+            "tdee": Explanations(latest.metrics).tdee,
+        ])
+        #expect(data["acknowledged"] as? Bool == (acknowledgedAt != nil))
+        if let acknowledgedAt {
+            let acknowledgement = try #require(data["acknowledgement"] as? [String: Any])
+            #expect(acknowledgement["acknowledgedAt"] as? String == acknowledgedAt.iso8601)
+            #expect(acknowledgement["version"] as? Int == 1)
+        } else {
+            #expect(data["acknowledgement"] is NSNull)
+        }
+    }
+}
