@@ -82,13 +82,13 @@ struct StatusReport {
         }
         lines.append("")
         let skipped = self.skips.reduce(0) { $0 + $1.users }
-        lines.append("skipped users by reason: \(self.skips.isEmpty ? "none" : "")")
+        lines.append(self.skips.isEmpty ? "skipped users by reason: none" : "skipped users by reason:")
         if !self.skips.isEmpty {
             lines.append(TextTable.render(header: ["REASON", "USERS"], rows: self.skips.map { [$0.reason, String($0.users)] }))
-            lines.append("(\(skipped) reasons in all; `metricsd skipped` lists the users)")
+            lines.append("(a user can have several reasons: \(skipped) in all; `metricsd skipped` lists the users)")
         }
         lines.append("")
-        lines.append("recompute jobs: \(self.jobs.isEmpty ? "none" : "")")
+        lines.append(self.jobs.isEmpty ? "recompute jobs: none" : "recompute jobs:")
         for job in self.jobs { lines.append("  " + CommandLineTool.progressLine(job)) }
         lines.append("")
         lines.append("users by formula version of their latest metrics:")

@@ -398,6 +398,7 @@ import Testing
                     databaseURL: database.url, port: port,
                     extra: [
                         "NOTIFY_SOCKET": manager.address, "METRICSD_WORKERS": "0", "METRICSD_DB_POOL_SIZE": "8",
+                        "METRICSD_READ_BATCHES": "2",
                         "METRICSD_DB_ACQUIRE_TIMEOUT_MS": "30000",
                         "METRICSD_MAX_IN_FLIGHT": "200",  // all 100 (and /metrics) in flight, none refused with a 503
                     ]),
@@ -431,17 +432,18 @@ import Testing
                     SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'profile_metrics'::regclass
                         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     """)
-                return count == "8"
+                return count == "2"
             }
-            #expect(blocked, "the daemon's pooled connections are not all waiting on the lock")
-            // …and every request read and in its handler (8 on the lock, the rest waiting for a connection). A request
-            // still unread in the socket when the stop begins is not in flight: its idle connection is closed.
-            var waiting: Int?
+            #expect(blocked, "the daemon's two batched reads are not both waiting on the lock")
+            // …and every request read and in its handler (in the two batches on the lock, or waiting for the next
+            // batch). A request still unread in the socket when the stop begins is not in flight: its idle
+            // connection is closed.
+            var inFlight: Int?
             let allInHandlers = await DaemonProcess.eventually(timeout: .seconds(15)) {
-                waiting = try? await Self.gauge("metricsd_db_pool_waiting_requests", port: port)
-                return (waiting ?? 0) >= users.count - 8
+                inFlight = try? await Self.gauge("metricsd_http_requests_in_flight", port: port)
+                return (inFlight ?? 0) >= users.count
             }
-            #expect(allInHandlers, "requests waiting for a pooled connection: \(String(describing: waiting))")
+            #expect(allInHandlers, "requests in flight: \(String(describing: inFlight))")
 
             daemon.signal(SIGTERM)
             let stopping = await manager.first(timeout: .seconds(10)) { $0.has("STOPPING=1") }

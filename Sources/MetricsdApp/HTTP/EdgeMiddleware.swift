@@ -133,9 +133,10 @@ struct EdgeMiddleware: RouterMiddleware {
     }
 }
 
-/// Requests in flight, for overload shedding.
+/// Requests in flight, for overload shedding; also `metricsd_http_requests_in_flight` on `/metrics`.
 final class InFlightCounter: Sendable {
     private let count = Atomic<Int>(0)
+    private let gauge = Gauge(label: "metricsd_http_requests_in_flight")
 
     /// Takes a slot if fewer than `limit` are taken.
     func enter(limit: Int) -> Bool {
@@ -144,10 +145,14 @@ final class InFlightCounter: Sendable {
             self.count.subtract(1, ordering: .relaxed)
             return false
         }
+        self.gauge.record(new)
         return true
     }
 
-    func leave() { self.count.subtract(1, ordering: .relaxed) }
+    func leave() {
+        // (Concurrent enters and leaves may record out of order; the next change corrects the gauge.)
+        self.gauge.record(self.count.subtract(1, ordering: .relaxed).newValue)
+    }
 
     var current: Int { self.count.load(ordering: .relaxed) }
 }
