@@ -1,7 +1,7 @@
 import Foundation
 import HealthMetrics
 import Logging
-import MetricsdPostgres
+@testable import MetricsdPostgres
 import NIOCore
 import NIOPosix
 import Testing
@@ -44,6 +44,22 @@ import Testing
     @Test func operatorSettingsWinOverMetricsdDefaults() throws {
         let settings = try ConnectionSettings(conninfo: "postgresql://h/db?connect_timeout=9", environment: ["PGAPPNAME": "x"])
         #expect(settings.conninfo == "postgresql://h/db?connect_timeout=9")
+    }
+
+    /// metricsd's sessions run without JIT unless the operator sets `options` (in the string or PGOPTIONS).
+    @Test func sessionsRunWithoutJITUnlessTheOperatorSaysOtherwise() async throws {
+        try await withTestDatabase { database in
+            let jit: @Sendable (ConnectionSettings) throws -> String? = { settings in
+                try PostgresConnection(settings: settings).query("SHOW jit").string(0, 0)
+            }
+            let plain = try ConnectionSettings(conninfo: database.url, environment: [:])
+            #expect(try await TestDatabase.blocking.runIfActive { try jit(plain) } == "off")
+            let separator = database.url.contains("?") ? "&" : "?"
+            let own = try ConnectionSettings(conninfo: database.url + separator + "options=-c%20jit%3Don", environment: [:])
+            #expect(try await TestDatabase.blocking.runIfActive { try jit(own) } == "on")
+            let environment = try ConnectionSettings(conninfo: database.url, environment: ["PGOPTIONS": "-c work_mem=8MB"])
+            #expect(!environment.parameters.contains { $0.0 == "options" })
+        }
     }
 
     /// What `/readyz` says about a database problem names no host, port or socket path.
