@@ -84,15 +84,17 @@ let package = Package(
         ),
 
         .testTarget(name: "HealthMetricsTests", dependencies: ["HealthMetrics"], swiftSettings: swiftSettings),
+        // The service manager's side of sd_notify, shared by the test targets.
+        .target(name: "NotifyTestSupport", path: "Tests/NotifyTestSupport", swiftSettings: swiftSettings),
         .testTarget(
             name: "MetricsdSystemdTests",
-            dependencies: ["MetricsdSystemd", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["MetricsdSystemd", "NotifyTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "MetricsdTests",
             dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd", "MetricsdApp",
+                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd", "MetricsdApp", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),

@@ -2,6 +2,7 @@ import Glibc
 import Logging
 import MetricsdSystemd
 import Testing
+import NotifyTestSupport
 
 extension ProcessStateTests {
     /// The real `sd_notify` path: this process sets `NOTIFY_SOCKET` to a socket it binds and acts as the manager.

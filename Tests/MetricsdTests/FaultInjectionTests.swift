@@ -768,16 +768,13 @@ enum Fault {
     static func start(
         _ url: String, name: String? = nil, extra: [String: String] = [:], arguments: [String] = ["serve"]
     ) throws -> DaemonProcess {
-        let port = Self.freePort()
+        let port = DaemonProcess.freePort()
         let databaseURL = name.map { FaultDatabase.url(url, applicationName: $0) } ?? url
         var environment = DaemonProcess.environment(
             databaseURL: databaseURL, port: port, extra: ["METRICSD_DAILY_AT": "00:00"])
         environment.merge(extra) { $1 }
         return try DaemonProcess(arguments: arguments, environment: environment, port: port)
     }
-
-    /// A port for a daemon to listen on (`DaemonProcess.freePort`).
-    static func freePort() -> Int { DaemonProcess.freePort() }
 
     /// Polls `condition` until it holds; the instant it did, or nil on timeout. Errors count as "not yet".
     static func waitUntil(

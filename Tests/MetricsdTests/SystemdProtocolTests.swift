@@ -7,6 +7,7 @@ import MetricsdSystemd
 import NIOPosix
 import Synchronization
 import Testing
+import NotifyTestSupport
 
 /// The test acts as systemd's service manager: it binds the notify socket (abstract `@name` or a socket file),
 /// runs the real `metricsd serve` with `NOTIFY_SOCKET` (and `WATCHDOG_USEC` …) and checks what arrives, with the

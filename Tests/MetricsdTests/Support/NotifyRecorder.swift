@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import MetricsdSystemd
 import Synchronization
+import NotifyTestSupport
 
 /// The service manager's side of a daemon's life: a ``NotifySocket`` read by a background thread that records
 /// every datagram with its sender's pid and the `CLOCK_MONOTONIC` time it arrived, so a test can wait for a

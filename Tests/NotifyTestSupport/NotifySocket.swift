@@ -5,22 +5,22 @@ import Glibc
 ///
 /// Set `NOTIFY_SOCKET` to ``address`` in the environment of the code under test (a child process, or this
 /// process inside a serialized suite), then read datagrams with ``receive(timeoutMilliseconds:)``.
-/// Self-contained (Glibc only): a copy of Tests/MetricsdSystemdTests/NotifySocket.swift (test targets share no code).
-final class NotifySocket {
+/// Shared by the test targets (`NotifyTestSupport`); Glibc only.
+public final class NotifySocket {
     /// The socket's file descriptor.
-    let fd: Int32
+    public let fd: Int32
     /// The value for `NOTIFY_SOCKET`: `@name` (abstract namespace) or an absolute path.
-    let address: String
+    public let address: String
     /// The file to remove on deinit (path form only).
     private let path: String?
 
     /// Binds `@abstractName` in the abstract namespace: no file, nothing to clean up.
-    convenience init(abstractName: String) throws {
+    public convenience init(abstractName: String) throws {
         try self.init(name: Array(abstractName.utf8), abstract: true, address: "@" + abstractName, path: nil)
     }
 
     /// Binds a socket file at `path` (absolute, at most 107 bytes); an existing file there is replaced.
-    convenience init(path: String) throws {
+    public convenience init(path: String) throws {
         unlink(path)
         try self.init(name: Array(path.utf8), abstract: false, address: path, path: path)
     }
@@ -61,7 +61,7 @@ final class NotifySocket {
     }
 
     /// The next datagram and its sender's pid (-1 if no credentials came with it), or nil after the timeout.
-    func receive(timeoutMilliseconds: Int32) -> (message: String, pid: pid_t)? {
+    public func receive(timeoutMilliseconds: Int32) -> (message: String, pid: pid_t)? {
         var poller = pollfd(fd: self.fd, events: Int16(POLLIN), revents: 0)
         guard poll(&poller, 1, timeoutMilliseconds) == 1 else { return nil }
         var data = [UInt8](repeating: 0, count: 4096)
@@ -90,7 +90,7 @@ final class NotifySocket {
     }
 
     /// Every datagram that arrives until none has come for `quietMilliseconds`.
-    func receiveAll(quietMilliseconds: Int32) -> [(message: String, pid: pid_t)] {
+    public func receiveAll(quietMilliseconds: Int32) -> [(message: String, pid: pid_t)] {
         var datagrams: [(message: String, pid: pid_t)] = []
         while let datagram = self.receive(timeoutMilliseconds: quietMilliseconds) {
             datagrams.append(datagram)
@@ -100,6 +100,7 @@ final class NotifySocket {
 }
 
 /// A socket call failed while setting up a ``NotifySocket``.
-struct NotifySocketError: Error {
-    let errno: Int32
+public struct NotifySocketError: Error {
+    public let errno: Int32
+    public init(errno: Int32) { self.errno = errno }
 }
