@@ -56,10 +56,28 @@ public struct Readiness: Hashable, Sendable {
 public protocol MetricsStore: Sendable {
     /// The newest row by `computed_at DESC` (index `profile_metrics_user_computed_at_idx`), never by date.
     func latestMetrics(userID: Int64) async throws -> LatestMetrics?
+    /// The same read for a caller outside Swift concurrency (the HTTP hot path, on an event loop): `completion`
+    /// runs exactly once, on any thread, and the read never blocks the caller.
+    func latestMetrics(userID: Int64, completion: @escaping @Sendable (Result<LatestMetrics?, any Error>) -> Void)
     /// Validates the user's settings and stores the row for their current local date (a just-onboarded user).
     func computeNow(userID: Int64) async throws -> ComputeNowOutcome
     /// Acknowledges the user's current metrics if they are the ones named.
     func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome
     /// Whether the database answers and the schema is current (`/readyz`).
     func readiness() async -> Readiness
+}
+
+extension MetricsStore {
+    /// Runs `latestMetrics(userID:)` in a task (stores without a cheaper way).
+    public func latestMetrics(
+        userID: Int64, completion: @escaping @Sendable (Result<LatestMetrics?, any Error>) -> Void
+    ) {
+        Task {
+            do {
+                completion(.success(try await self.latestMetrics(userID: userID)))
+            } catch {
+                completion(.failure(error))
+            }
+        }
+    }
 }

@@ -11,7 +11,22 @@ import Synchronization
 /// At most `maxRunners` batches run at once (the rest of the pool stays free for acknowledgements, on-demand
 /// computation and the scheduler); a request that finds every runner busy waits for the next batch.
 final class LatestMetricsBatcher: Sendable {
-    private typealias Waiter = (userID: Int64, continuation: CheckedContinuation<LatestMetrics?, any Error>)
+    typealias Completion = @Sendable (Result<LatestMetrics?, any Error>) -> Void
+
+    /// How a waiter gets its answer: a suspended task, or a callback (the HTTP hot path, outside Swift concurrency).
+    private enum Resumption {
+        case continuation(CheckedContinuation<LatestMetrics?, any Error>)
+        case callback(Completion)
+
+        func resume(_ result: Result<LatestMetrics?, any Error>) {
+            switch self {
+            case .continuation(let continuation): continuation.resume(with: result)
+            case .callback(let completion): completion(result)
+            }
+        }
+    }
+
+    private typealias Waiter = (userID: Int64, resumption: Resumption)
 
     private struct State {
         var pending: [Waiter] = []
@@ -31,7 +46,7 @@ final class LatestMetricsBatcher: Sendable {
 
     func load(userID: Int64) async throws -> LatestMetrics? {
         let others: [Waiter]? = self.state.withLock { state in
-            guard state.runners < self.maxRunners else { return nil }
+            guard self.mayStartRunner(state, waiting: state.pending.count + 1) else { return nil }
             state.runners += 1
             return Self.take(&state.pending, upTo: self.maxBatch - 1)
         }
@@ -41,15 +56,32 @@ final class LatestMetricsBatcher: Sendable {
             return try await self.execute(others, plus: userID)
         }
         return try await withCheckedThrowingContinuation { continuation in
-            let startRunner = self.state.withLock { state in
-                state.pending.append((userID, continuation))
-                // Re-checked with the append: a runner that found nothing pending may have left meanwhile.
-                guard state.runners < self.maxRunners else { return false }
-                state.runners += 1
-                return true
-            }
-            if startRunner { Task { await self.drain() } }
+            self.enqueue((userID, .continuation(continuation)))
         }
+    }
+
+    /// The same read for a caller outside Swift concurrency: `completion` runs once, on whichever thread finished
+    /// the batch. Never runs the statement on the caller's thread (an event loop must not block).
+    func load(userID: Int64, completion: @escaping Completion) {
+        self.enqueue((userID, .callback(completion)))
+    }
+
+    private func enqueue(_ waiter: Waiter) {
+        let startRunner = self.state.withLock { state in
+            state.pending.append(waiter)
+            // Re-checked with the append: a runner that found nothing pending may have left meanwhile.
+            guard self.mayStartRunner(state, waiting: state.pending.count) else { return false }
+            state.runners += 1
+            return true
+        }
+        if startRunner { Task { await self.drain() } }
+    }
+
+    /// One runner whenever someone waits; another only when a whole batch waits for it (up to `maxRunners`).
+    /// Fewer, fuller batches cost less per read (one statement, one hop to a pool thread, one wake-up each);
+    /// more runners only help once a single one cannot keep up.
+    private func mayStartRunner(_ state: State, waiting: Int) -> Bool {
+        state.runners == 0 || (state.runners < self.maxRunners && waiting >= self.maxBatch)
     }
 
     /// Runs batches until nobody waits.
@@ -90,10 +122,10 @@ final class LatestMetricsBatcher: Sendable {
                 try PostgresStore.readLatest(userIDs: unique, on: connection)
             }
         } catch {
-            for waiter in waiters { waiter.continuation.resume(throwing: error) }
+            for waiter in waiters { waiter.resumption.resume(.failure(error)) }
             throw error
         }
-        for waiter in waiters { waiter.continuation.resume(returning: found[waiter.userID]) }
+        for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
         return own.flatMap { found[$0] }
     }
 

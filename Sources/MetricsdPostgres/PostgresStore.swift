@@ -27,6 +27,12 @@ public final class PostgresStore: MetricsStore {
         try await self.batcher.load(userID: userID)
     }
 
+    public func latestMetrics(
+        userID: Int64, completion: @escaping @Sendable (Result<LatestMetrics?, any Error>) -> Void
+    ) {
+        self.batcher.load(userID: userID, completion: completion)
+    }
+
     public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {
         let formula = self.formula
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in

@@ -435,12 +435,11 @@ import NotifyTestSupport
                         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     """)
                 waitingOnLock = count
-                // (≥: the scheduler's own reads of profile_metrics, on the free connections, wait on it too)
-                return (count.flatMap { Int($0) } ?? 0) >= 2
+                // (≥: the scheduler's own reads of profile_metrics, on the free connections, may wait on it too)
+                return (count.flatMap { Int($0) } ?? 0) >= 1
             }
-            #expect(blocked, "the daemon's two batched reads are not both waiting on the lock: \(String(describing: waitingOnLock)) waiting")
-            // …and every request read and in its handler (in the two batches on the lock, or waiting for the next
-            // batch). A request still unread in the socket when the stop begins is not in flight: its idle
+            #expect(blocked, "the daemon's batched read is not waiting on the lock: \(String(describing: waitingOnLock)) waiting")
+            // …and every request read and in its handler (in the batch on the lock, or waiting for the next one). A request still unread in the socket when the stop begins is not in flight: its idle
             // connection is closed.
             var inFlight: Int?
             let allInHandlers = await DaemonProcess.eventually(timeout: .seconds(15)) {
