@@ -106,10 +106,10 @@ public struct TokenVerifier: Sendable {
     /// Verifies a compact JWS and returns its user id (`sub`).
     /// - Parameter now: seconds since 1970 (tests pass their own).
     public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
-        guard let headerData = Base64URL.decode(parts[0]), let payloadData = Base64URL.decode(parts[1]),
-            let signature = Base64URL.decode(parts[2])
+        let parts = Self.threeParts(token)
+        guard let parts, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
+        guard let headerData = Base64URL.decode(parts.header), let payloadData = Base64URL.decode(parts.payload),
+            let signature = Base64URL.decode(parts.signature)
         else { throw TokenError("malformed token") }
         let alg: String
         if let known = Self.commonHeaders[headerData] {
@@ -124,10 +124,11 @@ public struct TokenVerifier: Sendable {
         guard let algorithm = self.algorithms[alg] else {
             throw TokenError("token algorithm \(Self.shown(alg)) is not accepted")
         }
-        let signingInput = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
+        let signingInput = Array(token.utf8.prefix(parts.header.utf8.count + 1 + parts.payload.utf8.count))
         let valid = (try? algorithm.verify(signature, signs: signingInput)) ?? false
         guard valid else { throw TokenError("invalid token signature") }
-        guard let claims = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
+        guard let claims = JWTClaims(compact: payloadData) ?? (try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)))
+        else {
             throw TokenError("malformed token payload")
         }
         guard let exp = claims.exp?.seconds else { throw TokenError("token has no valid exp claim") }
@@ -144,6 +145,17 @@ public struct TokenVerifier: Sendable {
         }
         guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
         return userID
+    }
+
+    /// The three dot-separated parts of a compact JWS, or nil when there are not exactly three.
+    static func threeParts(_ token: Substring) -> (header: Substring, payload: Substring, signature: Substring)? {
+        let utf8 = token.utf8
+        guard let first = utf8.firstIndex(of: UInt8(ascii: ".")) else { return nil }
+        let afterFirst = utf8.index(after: first)
+        guard let second = utf8[afterFirst...].firstIndex(of: UInt8(ascii: ".")) else { return nil }
+        let afterSecond = utf8.index(after: second)
+        guard !utf8[afterSecond...].contains(UInt8(ascii: ".")) else { return nil }
+        return (token[..<first], token[afterFirst..<second], token[afterSecond...])
     }
 
     /// One decoder for every token (decoding does not change it; `JSONDecoder` is safe to share).
@@ -216,15 +228,104 @@ struct JWTHeaderFields: Decodable {
 }
 
 /// The registered claims metricsd checks; anything else in the payload is ignored.
-struct JWTClaims: Decodable {
-    let sub: JSONScalar?
-    let exp: JSONScalar?
-    let nbf: JSONScalar?
-    let iss: JSONScalar?
-    let aud: Audience?
+struct JWTClaims: Decodable, Equatable {
+    var sub: JSONScalar?
+    var exp: JSONScalar?
+    var nbf: JSONScalar?
+    var iss: JSONScalar?
+    var aud: Audience?
+
+    /// The claims of the payloads token libraries write, read without `JSONDecoder` (the hot path): one flat
+    /// object whose values are plain strings (no escapes, ASCII) or integers. Nil for anything else (arrays,
+    /// nested objects, escapes, fractions, exponents, negative numbers, repeated claims, malformed JSON): those
+    /// go to `JSONDecoder`, which decides exactly as before.
+    init?(compact bytes: [UInt8]) {
+        var index = 0
+        let count = bytes.count
+        func skipSpace() {
+            while index < count, bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09 {
+                index += 1
+            }
+        }
+        /// A plain string at `index` (which is at its opening quote), as its byte range.
+        func plainString() -> Range<Int>? {
+            index += 1
+            let start = index
+            while index < count {
+                let byte = bytes[index]
+                if byte == 0x22 {
+                    index += 1
+                    return start..<(index - 1)
+                }
+                guard byte >= 0x20, byte < 0x80, byte != 0x5C else { return nil }
+                index += 1
+            }
+            return nil
+        }
+        skipSpace()
+        guard index < count, bytes[index] == 0x7B else { return nil }
+        index += 1
+        skipSpace()
+        var seen = Set<String>()
+        if index < count, bytes[index] == 0x7D {
+            index += 1
+        } else {
+            while true {
+                guard index < count, bytes[index] == 0x22, let keyRange = plainString() else { return nil }
+                let key = String(decoding: bytes[keyRange], as: UTF8.self)
+                guard seen.insert(key).inserted else { return nil }
+                skipSpace()
+                guard index < count, bytes[index] == 0x3A else { return nil }
+                index += 1
+                skipSpace()
+                guard index < count else { return nil }
+                let value: JSONScalar
+                if bytes[index] == 0x22 {
+                    guard let range = plainString() else { return nil }
+                    value = .string(String(decoding: bytes[range], as: UTF8.self))
+                } else if bytes[index] >= 0x30, bytes[index] <= 0x39 {
+                    let start = index
+                    var number: Int64 = 0
+                    while index < count, bytes[index] >= 0x30, bytes[index] <= 0x39 {
+                        number = number &* 10 &+ Int64(bytes[index] - 0x30)
+                        index += 1
+                    }
+                    let digits = index - start
+                    // No leading zeros (invalid JSON), at most 15 digits (exact as a Double), an integer.
+                    guard digits <= 15, digits == 1 || bytes[start] != 0x30 else { return nil }
+                    if index < count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 { return nil }
+                    value = .number(Double(number))
+                } else {
+                    return nil
+                }
+                switch key {
+                case "sub": self.sub = value
+                case "exp": self.exp = value
+                case "nbf": self.nbf = value
+                case "iss": self.iss = value
+                case "aud":
+                    guard case .string(let audience) = value else { return nil }
+                    self.aud = .values([audience])
+                default: break
+                }
+                skipSpace()
+                guard index < count else { return nil }
+                if bytes[index] == 0x2C {
+                    index += 1
+                    skipSpace()
+                    continue
+                }
+                guard bytes[index] == 0x7D else { return nil }
+                index += 1
+                break
+            }
+        }
+        skipSpace()
+        guard index == count else { return nil }
+    }
 
     /// `aud`: one string or an array of strings.
-    enum Audience: Decodable {
+    enum Audience: Decodable, Equatable {
         case values([String])
         init(from decoder: any Decoder) throws {
             let container = try decoder.singleValueContainer()
@@ -243,7 +344,7 @@ struct JWTClaims: Decodable {
 }
 
 /// One JSON value, told apart strictly: a boolean is never a number and a number never a string.
-enum JSONScalar: Decodable {
+enum JSONScalar: Decodable, Equatable {
     case string(String)
     case number(Double)
     case bool(Bool)
