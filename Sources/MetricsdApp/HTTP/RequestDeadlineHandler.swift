@@ -15,7 +15,10 @@ final class RequestDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandle
 
     private let requestTimeout: TimeAmount
     private let idleTimeout: TimeAmount
-    private var deadline: Scheduled<Void>?
+    /// When the connection is closed unless something happens first; nil while the server works on a request.
+    private var deadline: NIODeadline?
+    /// One timer at a time, not one per request: it fires at (or after) `deadline` and looks again then.
+    private var timer: Scheduled<Void>?
 
     init(requestTimeout: TimeAmount, idleTimeout: TimeAmount) {
         self.requestTimeout = requestTimeout
@@ -32,13 +35,11 @@ final class RequestDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandle
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        self.deadline?.cancel()
-        self.deadline = nil
+        self.disarm()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        self.deadline?.cancel()
-        self.deadline = nil
+        self.disarm()
         context.fireChannelInactive()
     }
 
@@ -47,8 +48,7 @@ final class RequestDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandle
         case .head: self.arm(context, self.requestTimeout)  // the body must follow in time
         case .body: break
         case .end:
-            self.deadline?.cancel()  // the request is in; the server works on it
-            self.deadline = nil
+            self.deadline = nil  // the request is in; the server works on it
         }
         context.fireChannelRead(data)
     }
@@ -61,11 +61,35 @@ final class RequestDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandle
     }
 
     private func arm(_ context: ChannelHandlerContext, _ timeout: TimeAmount) {
-        self.deadline?.cancel()
-        let channel = context.channel
-        self.deadline = context.eventLoop.scheduleTask(in: timeout) {
-            channel.close(promise: nil)
+        let now = NIODeadline.now()
+        self.deadline = now + timeout
+        if self.timer == nil { self.schedule(context, now: now) }
+    }
+
+    /// The timer fires at the deadline or after the shorter timeout, whichever comes first. Every deadline is at
+    /// least the shorter timeout away when it is set, so the timer is never late for one and a request never
+    /// has to move it: one scheduled task per connection per `min(requestTimeout, idleTimeout)`, not two per
+    /// request.
+    private func schedule(_ context: ChannelHandlerContext, now: NIODeadline) {
+        guard let deadline = self.deadline else { return }  // working on a request: no deadline until it is answered
+        let shorter = self.requestTimeout < self.idleTimeout ? self.requestTimeout : self.idleTimeout
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        self.timer = context.eventLoop.scheduleTask(deadline: min(deadline, now + shorter)) {
+            let (handler, context) = bound.value
+            handler.timer = nil
+            let now = NIODeadline.now()
+            if let deadline = handler.deadline, deadline <= now {
+                context.close(promise: nil)
+            } else {
+                handler.schedule(context, now: now)
+            }
         }
+    }
+
+    private func disarm() {
+        self.timer?.cancel()
+        self.timer = nil
+        self.deadline = nil
     }
 }
 
