@@ -16,6 +16,8 @@ public struct HTTPDependencies: Sendable {
     public var prometheus: PrometheusCollectorRegistry?
     /// Concurrent requests beyond which new ones get an immediate 503.
     public var maxInFlight: Int
+    /// Requests in flight, counted by the router and the hot path alike.
+    let inFlight = InFlightCounter()
 
     public init(
         store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
@@ -46,7 +48,7 @@ public func buildRouter(_ dependencies: HTTPDependencies) -> Router<AppRequestCo
     }
     router.add(
         middleware: EdgeMiddleware(
-            maxInFlight: dependencies.maxInFlight, inFlight: InFlightCounter(), routes: KnownRoutes(known)))
+            maxInFlight: dependencies.maxInFlight, inFlight: dependencies.inFlight, routes: KnownRoutes(known)))
     HealthController(store: dependencies.store).addRoutes(to: router)
     if let registry = dependencies.prometheus { addMetricsRoute(to: router, registry: registry) }
     ProfileMetricsController(store: dependencies.store, formula: dependencies.formula)

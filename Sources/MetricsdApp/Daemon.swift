@@ -177,20 +177,15 @@ public enum Daemon {
             queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,
             started: started, status: status, reporter: reporter, logger: logger)
 
-        let router = buildRouter(
-            HTTPDependencies(
-                store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
-                formula: formula, prometheus: configuration.metricsListen == nil ? registry : nil,
-                maxInFlight: configuration.maxInFlight))
-        let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
-        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
+        let dependencies = HTTPDependencies(
+            store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
+            formula: formula, prometheus: configuration.metricsListen == nil ? registry : nil,
+            maxInFlight: configuration.maxInFlight)
         let app = Application(
-            router: router,
-            server: .http1(
-                configuration: .init(
-                    additionalChannelHandlers: [
-                        RequestDeadlineHandler(requestTimeout: requestTimeout, idleTimeout: idleTimeout)
-                    ], idleTimeout: idleTimeout)),
+            router: buildRouter(dependencies),
+            server: buildHTTPServer(
+                dependencies, requestTimeout: .milliseconds(Int64(configuration.requestTimeoutSeconds * 1000)),
+                idleTimeout: .milliseconds(Int64(configuration.idleTimeoutSeconds * 1000)), logger: logger),
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.listen.host, port: configuration.listen.port), serverName: nil,
                 reuseAddress: true,

@@ -35,8 +35,12 @@ public struct AppError: Error, Sendable, CustomStringConvertible {
         var headers = self.headers
         headers[.contentType] = "application/json"
         headers[.requestID] = requestID
-        let body = JSONWriter.object(["error": .string(self.message), "statusCode": .int(Int64(self.status.code))])
-        return Response(status: self.status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+        return Response(status: self.status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: self.body)))
+    }
+
+    /// The JSON body.
+    var body: String {
+        JSONWriter.object(["error": .string(self.message), "statusCode": .int(Int64(self.status.code))])
     }
 }
 

@@ -25,7 +25,12 @@ public final class CredentialBox: Sendable {
 
 /// The bearer token of a request, or a 401 saying what is wrong with the header.
 func bearerToken(_ request: Request) throws(AppError) -> Substring {
-    guard let header = request.headers[.authorization] else {
+    try bearerToken(request.headers[.authorization])
+}
+
+/// The bearer token of an `Authorization` header value, or a 401 saying what is wrong with it.
+func bearerToken(_ header: String?) throws(AppError) -> Substring {
+    guard let header else {
         throw AppError.unauthorized("missing bearer token")
     }
     let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)

@@ -79,16 +79,7 @@ struct EdgeMiddleware: RouterMiddleware {
     private func errorResponse(_ error: any Error, request: Request, context: AppRequestContext, requestID: String)
         -> Response
     {
-        switch error {
-        case let error as AppError:
-            if error.status.code >= 500 {
-                context.logger.warning("Request failed", metadata: ["metricsd.error": "\(error.message)"])
-            }
-            return error.response(requestID: requestID)
-        case let error as PostgresError where error.isTransient || error.code == .poolClosed:
-            context.logger.warning("Database unavailable", metadata: ["metricsd.error": "\(error)"])
-            return AppError.unavailable("database unavailable, retry shortly").response(requestID: requestID)
-        case let error as any HTTPResponseError:
+        if let error = error as? any HTTPResponseError {
             let status = error.status
             if status == .notFound, let allowed = self.routes.allowedMethods(for: request.uri.path) {
                 var methodError = AppError(.methodNotAllowed, "method \(request.method.rawValue) is not allowed here")
@@ -102,11 +93,25 @@ struct EdgeMiddleware: RouterMiddleware {
             default: message = (error as? HTTPError)?.body ?? status.reasonPhrase
             }
             return AppError(status, message).response(requestID: requestID)
+        }
+        return Self.appError(for: error, logger: context.logger, requestID: requestID).response(requestID: requestID)
+    }
+
+    /// The answer to an error a handler threw (Hummingbird's own HTTP errors aside), logged when it is the
+    /// server's fault: shared by the router and the hot path (`TodayFastPath`).
+    static func appError(for error: any Error, logger: Logger, requestID: String) -> AppError {
+        switch error {
+        case let error as AppError:
+            if error.status.code >= 500 {
+                logger.warning("Request failed", metadata: ["metricsd.error": "\(error.message)"])
+            }
+            return error
+        case let error as PostgresError where error.isTransient || error.code == .poolClosed:
+            logger.warning("Database unavailable", metadata: ["metricsd.error": "\(error)"])
+            return AppError.unavailable("database unavailable, retry shortly")
         default:
-            context.logger.error(
-                "Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
+            logger.error("Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
             return AppError(.internalServerError, "internal server error (request \(requestID))")
-                .response(requestID: requestID)
         }
     }
 

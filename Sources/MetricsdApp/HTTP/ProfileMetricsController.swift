@@ -21,10 +21,15 @@ struct ProfileMetricsController {
         if let latest = try await self.store.latestMetrics(userID: userID) {
             return JSONResponse(body: Self.todayBody(latest))
         }
-        switch try await self.store.computeNow(userID: userID) {
+        return JSONResponse(body: try await Self.computeNowBody(userID: userID, store: self.store, logger: context.logger))
+    }
+
+    /// A user without a row yet: computed, stored and returned now, or a 404 saying why there is nothing.
+    static func computeNowBody(userID: Int64, store: any MetricsStore, logger: Logger) async throws -> String {
+        switch try await store.computeNow(userID: userID) {
         case .computed(let latest):
-            context.logger.debug("Computed metrics on request")
-            return JSONResponse(body: Self.todayBody(latest))
+            logger.debug("Computed metrics on request")
+            return Self.todayBody(latest)
         case .skipped(let reasons):
             throw AppError(.notFound, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
         case .unknownUser:

@@ -22,9 +22,12 @@ enum SimpleHTTP {
         let descriptor = socket(first.pointee.ai_family, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { return .failure(Failure(description: String(cString: strerror(errno)))) }
         defer { close(descriptor) }
-        var limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - timeout.rounded(.down)) * 1_000_000))
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        // `struct timeval` as its two C longs (spelling `timeval` trips MemberImportVisibility once NIOHTTP1 is
+        // imported in this module: the compiler finds it in SwiftOverlayShims).
+        var limit: (Int, Int) = (Int(timeout), Int((timeout - timeout.rounded(.down)) * 1_000_000))
+        let size = socklen_t(MemoryLayout<(Int, Int)>.size)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, size)
+        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &limit, size)
         guard connect(descriptor, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 else {
             return .failure(Failure(description: String(cString: strerror(errno)).lowercased()))
         }

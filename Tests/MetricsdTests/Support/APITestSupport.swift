@@ -18,7 +18,8 @@ import Testing
 
 // MARK: Serving the API in-process
 
-/// The router of the daemon (`buildRouter`) served by a Hummingbird `Application` on a real TCP port.
+/// The router and server of the daemon (`buildRouter`, `buildHTTPServer`) served by a Hummingbird `Application`
+/// on a real TCP port.
 enum APIServer {
     static var jwtSecret: String { DaemonProcess.secrets.jwtSecret }
     static var adminToken: String { DaemonProcess.secrets.adminToken }
@@ -35,10 +36,13 @@ enum APIServer {
     ) async throws -> T {
         let verifier = try await TokenVerifier(tokens)
         let credentials = CredentialBox(.init(tokens: verifier, admin: adminToken.map { AdminTokenCheck(token: $0) }))
-        let router = buildRouter(
-            HTTPDependencies(store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil))
+        let dependencies = HTTPDependencies(
+            store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil)
+        // The daemon's own server: Hummingbird's HTTP/1 pipeline with the deadline handler and the hot path.
         let app = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: nil),
+            router: buildRouter(dependencies),
+            server: buildHTTPServer(dependencies, requestTimeout: .seconds(10), idleTimeout: .seconds(60), logger: logger),
+            configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: nil),
             logger: logger)
         return try await app.test(.live) { client in
             let port = try #require(client.port)
