@@ -167,9 +167,13 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
     /// `Connection: close`.
     static func isHot(_ head: HTTPRequest) -> Bool {
         guard head.method == .get, head.path == TodayEndpoint.path else { return false }
-        let fields = head.headerFields
-        guard fields[.contentLength] == nil, fields[.transferEncoding] == nil else { return false }
-        if let connection = fields[.connection], connection.lowercased().contains("close") { return false }
+        for field in head.headerFields {
+            switch field.name {
+            case .contentLength, .transferEncoding: return false
+            case .connection where field.value.lowercased().contains("close"): return false
+            default: continue
+            }
+        }
         return true
     }
 
@@ -203,7 +207,16 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func answer(_ head: HTTPRequest, started: ContinuousClock.Instant, context: ChannelHandlerContext) {
         let endpoint = self.endpoint
-        let requestID = EdgeMiddleware.requestID(from: head.headerFields[.requestID])
+        var authorization: String?
+        var clientRequestID: String?
+        for field in head.headerFields {
+            if field.name == .authorization {
+                authorization = authorization.map { $0 + ", " + field.value } ?? field.value
+            } else if field.name == .requestID {
+                clientRequestID = clientRequestID.map { $0 + ", " + field.value } ?? field.value
+            }
+        }
+        let requestID = EdgeMiddleware.requestID(from: clientRequestID)
         guard endpoint.inFlight.enter(limit: endpoint.maxInFlight) else {
             let error = AppError.unavailable("server busy, retry shortly")
             self.finish(.error(error), route: "shed", requestID: requestID, started: started, context: context)
@@ -211,7 +224,7 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
         }
         let userID: Int64
         do {
-            userID = try Self.authenticate(head, credentials: endpoint.credentials, endpoint: endpoint, requestID: requestID)
+            userID = try Self.authenticate(authorization, credentials: endpoint.credentials, endpoint: endpoint, requestID: requestID)
         } catch {
             endpoint.inFlight.leave()
             self.finish(.error(error), route: TodayEndpoint.path, requestID: requestID, started: started, context: context)
@@ -273,9 +286,9 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// The user id of the request's token, or the 401 `UserAuthMiddleware` would answer.
     private static func authenticate(
-        _ head: HTTPRequest, credentials: CredentialBox, endpoint: TodayEndpoint, requestID: String
+        _ authorization: String?, credentials: CredentialBox, endpoint: TodayEndpoint, requestID: String
     ) throws(AppError) -> Int64 {
-        let token = try bearerToken(head.headerFields[.authorization])
+        let token = try bearerToken(authorization)
         do {
             return try credentials.current.tokens.verify(token)
         } catch {
