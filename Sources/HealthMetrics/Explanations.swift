@@ -13,18 +13,37 @@ public struct Explanations: Hashable, Sendable {
     /// Explanations for stored metrics. `activityLevel` is the user's current level when known; the TDEE
     /// sentence names it then, and stays generic otherwise.
     public init(_ metrics: ComputedMetrics, activityLevel: ActivityLevel? = nil) {
-        let bmi = metrics.bmi.description
+        // Appended into reserved strings rather than interpolated: these are in every response body.
         let category = BMICategory(tenths: metrics.bmiTenths)
-        self.bmi =
-            "Your BMI is \(bmi), which the World Health Organization classifies as \(category.phrase) "
-            + "(\(category.band)). BMI compares weight with height and does not tell muscle from fat."
-        self.bmr =
-            "Your body uses about \(metrics.bmr) kcal a day at complete rest (basal metabolic rate, "
-            + "Mifflin–St Jeor equation from your weight, height, age and gender)."
-        let activity = activityLevel.map { " for a \($0.phrase) lifestyle" } ?? " for your activity level"
-        self.tdee =
-            "You burn about \(metrics.tdee) kcal a day\(activity) (total daily energy expenditure). "
-            + "Eating about this much keeps your weight stable."
+        var bmi = String()
+        bmi.reserveCapacity(160)
+        bmi += "Your BMI is "
+        bmi += metrics.bmi.description
+        bmi += ", which the World Health Organization classifies as "
+        bmi += category.phrase
+        bmi += " ("
+        bmi += category.band
+        bmi += "). BMI compares weight with height and does not tell muscle from fat."
+        var bmr = String()
+        bmr.reserveCapacity(160)
+        bmr += "Your body uses about "
+        bmr += String(metrics.bmr)
+        bmr += " kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender)."
+        var tdee = String()
+        tdee.reserveCapacity(160)
+        tdee += "You burn about "
+        tdee += String(metrics.tdee)
+        if let activityLevel {
+            tdee += " kcal a day for a "
+            tdee += activityLevel.phrase
+            tdee += " lifestyle"
+        } else {
+            tdee += " kcal a day for your activity level"
+        }
+        tdee += " (total daily energy expenditure). Eating about this much keeps your weight stable."
+        self.bmi = bmi
+        self.bmr = bmr
+        self.tdee = tdee
     }
 }
 

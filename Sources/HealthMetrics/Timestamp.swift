@@ -22,8 +22,35 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
         let minutes = dayMillis / 60_000 % 60
         let seconds = dayMillis / 1000 % 60
         let fraction = dayMillis % 1000
-        return "\(date)T" + Digits.pad(Int(hours), 2) + ":" + Digits.pad(Int(minutes), 2) + ":"
-            + Digits.pad(Int(seconds), 2) + "." + Digits.pad(Int(fraction), 3) + "Z"
+        guard (0...9999).contains(date.year) else {
+            return "\(date)T" + Digits.pad(Int(hours), 2) + ":" + Digits.pad(Int(minutes), 2) + ":"
+                + Digits.pad(Int(seconds), 2) + "." + Digits.pad(Int(fraction), 3) + "Z"
+        }
+        // The common case written straight into one string (it is in every response body).
+        return String(unsafeUninitializedCapacity: 24) { buffer in
+            func put(_ value: Int, width: Int, at offset: Int) {
+                var rest = value
+                for position in stride(from: offset + width - 1, through: offset, by: -1) {
+                    buffer[position] = UInt8(ascii: "0") + UInt8(rest % 10)
+                    rest /= 10
+                }
+            }
+            put(date.year, width: 4, at: 0)
+            buffer[4] = UInt8(ascii: "-")
+            put(date.month, width: 2, at: 5)
+            buffer[7] = UInt8(ascii: "-")
+            put(date.day, width: 2, at: 8)
+            buffer[10] = UInt8(ascii: "T")
+            put(Int(hours), width: 2, at: 11)
+            buffer[13] = UInt8(ascii: ":")
+            put(Int(minutes), width: 2, at: 14)
+            buffer[16] = UInt8(ascii: ":")
+            put(Int(seconds), width: 2, at: 17)
+            buffer[19] = UInt8(ascii: ".")
+            put(Int(fraction), width: 3, at: 20)
+            buffer[23] = UInt8(ascii: "Z")
+            return 24
+        }
     }
 
     public var description: String { self.iso8601 }

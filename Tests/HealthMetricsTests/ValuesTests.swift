@@ -35,6 +35,29 @@ import Testing
         #expect(try #require(Timestamp(iso8601: text)).millisecondsSinceEpoch == millis)
     }
 
+    /// The digits written straight into the string agree with the parser for any instant of years 0001–9999.
+    @Test func randomInstantsRoundTrip() throws {
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<10_000 {
+            let millis = Int64.random(in: -62_135_596_800_000...253_402_300_799_999, using: &generator)
+            let text = Timestamp(millisecondsSinceEpoch: millis).iso8601
+            #expect(text.utf8.count == 24, "\(text)")
+            #expect(Timestamp(iso8601: text)?.millisecondsSinceEpoch == millis, "\(millis) → \(text)")
+        }
+    }
+
+    /// The explanation sentences, word for word (they are part of every response body).
+    @Test func explanationsWordForWord() {
+        let metrics = ComputedMetrics(bmiTenths: 332, bmr: 1929, tdee: 2652, version: 1)
+        let generic = Explanations(metrics)
+        #expect(generic.bmi == "Your BMI is 33.2, which the World Health Organization classifies as obesity class I (30.0 to 34.9). BMI compares weight with height and does not tell muscle from fat.")
+        #expect(generic.bmr == "Your body uses about 1929 kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender).")
+        #expect(generic.tdee == "You burn about 2652 kcal a day for your activity level (total daily energy expenditure). Eating about this much keeps your weight stable.")
+        let named = Explanations(metrics, activityLevel: .lightlyActive)
+        #expect(named.tdee == "You burn about 2652 kcal a day for a \(ActivityLevel.lightlyActive.phrase) lifestyle (total daily energy expenditure). Eating about this much keeps your weight stable.")
+        #expect(named.bmi == generic.bmi && named.bmr == generic.bmr)
+    }
+
     @Test func examplesFromTheContract() {
         #expect(Timestamp(millisecondsSinceEpoch: 1_761_748_245_123).iso8601 == "2025-10-29T14:30:45.123Z")
         #expect(Timestamp(millisecondsSinceEpoch: -1).iso8601 == "1969-12-31T23:59:59.999Z")
