@@ -28,7 +28,8 @@ public struct Configuration: Sendable {
     /// `METRICSD_DB_POOL_SIZE`, default 8.
     public var poolSize: Int
     /// `METRICSD_READ_BATCHES`: latest-metrics reads run as at most this many batched statements at once
-    /// (default 2, at most the pool size); further requests join the next batch.
+    /// (default 2, at most the pool size); another starts only when a whole batch waits, else requests join the
+    /// next batch.
     public var readBatches: Int
     /// `METRICSD_DB_ACQUIRE_TIMEOUT_MS`: how long a request waits for a free connection before a 503. Default 2000.
     public var acquireTimeoutMilliseconds: Int
