@@ -91,6 +91,16 @@ import Testing
             + "Authorization: Bearer \(token)\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
     }
 
+    /// User 1 with one row of metrics, and the API over the test database serving them.
+    static func serveUserOne(_ body: @escaping @Sendable (Int) async throws -> Void) async throws {
+        try await withTestDatabase { database in
+            try await database.seed([.valid(1)])
+            try await database.insertMetrics(
+                user: 1, bmi: "24.5", bmr: 1650, tdee: 2475, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
+            try await APIServer.run(database: database, body)
+        }
+    }
+
     /// The hot path and the router answer every outcome alike: 200, 401 (each kind), 404 (unknown user, user
     /// whose settings are invalid), and 200 for a just-onboarded user (computed on request).
     @Test func answersExactlyAsTheRouteDoes() async throws {
@@ -181,39 +191,29 @@ import Testing
     /// A client that sends its request and closes its side at once still gets the whole response (the router
     /// must not see the end of input before the hot request is answered); so does a routed request after it.
     @Test func halfClosedClientGetsItsResponses() async throws {
-        try await withTestDatabase { database in
-            try await database.seed([.valid(1)])
-            try await database.insertMetrics(
-                user: 1, bmi: "24.5", bmr: 1650, tdee: 2475, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
-            try await APIServer.run(database: database) { port in
-                let token = TestTokens.user(1)
-                let alone = try await Self.exchange(port: port, Self.get(Self.hot, token: token, id: "h1"), expecting: 1, halfClose: true)
-                #expect(alone.map(\.status) == [200], "\(alone)")
-                let pair = try await Self.exchange(
-                    port: port, Self.get(Self.hot, token: token, id: "h2") + Self.get(Self.routed, token: token, id: "h3"),
-                    expecting: 2, halfClose: true)
-                #expect(pair.map(\.status) == [200, 200], "\(pair)")
-                #expect(pair.map { $0.headers["x-request-id"] ?? "" } == ["h2", "h3"])
-            }
+        try await Self.serveUserOne { port in
+            let token = TestTokens.user(1)
+            let alone = try await Self.exchange(port: port, Self.get(Self.hot, token: token, id: "h1"), expecting: 1, halfClose: true)
+            #expect(alone.map(\.status) == [200], "\(alone)")
+            let pair = try await Self.exchange(
+                port: port, Self.get(Self.hot, token: token, id: "h2") + Self.get(Self.routed, token: token, id: "h3"),
+                expecting: 2, halfClose: true)
+            #expect(pair.map(\.status) == [200, 200], "\(pair)")
+            #expect(pair.map { $0.headers["x-request-id"] ?? "" } == ["h2", "h3"])
         }
     }
 
     /// `Connection: close` goes to the router, which answers and closes the connection.
     @Test func connectionCloseIsHonoured() async throws {
-        try await withTestDatabase { database in
-            try await database.seed([.valid(1)])
-            try await database.insertMetrics(
-                user: 1, bmi: "24.5", bmr: 1650, tdee: 2475, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
-            try await APIServer.run(database: database) { port in
-                let token = TestTokens.user(1)
-                let replies = try await Self.exchange(
-                    port: port,
-                    Self.get(Self.hot, token: token, id: "c1") + Self.get(Self.hot, token: token, id: "c2", extra: "Connection: close\r\n")
-                        + Self.get(Self.hot, token: token, id: "c3"),
-                    expecting: 3)
-                #expect(replies.map { $0.headers["x-request-id"] ?? "" } == ["c1", "c2"], "nothing after Connection: close: \(replies)")
-                #expect(replies.map(\.status) == [200, 200])
-            }
+        try await Self.serveUserOne { port in
+            let token = TestTokens.user(1)
+            let replies = try await Self.exchange(
+                port: port,
+                Self.get(Self.hot, token: token, id: "c1") + Self.get(Self.hot, token: token, id: "c2", extra: "Connection: close\r\n")
+                    + Self.get(Self.hot, token: token, id: "c3"),
+                expecting: 3)
+            #expect(replies.map { $0.headers["x-request-id"] ?? "" } == ["c1", "c2"], "nothing after Connection: close: \(replies)")
+            #expect(replies.map(\.status) == [200, 200])
         }
     }
 

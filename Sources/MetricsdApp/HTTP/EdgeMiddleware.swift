@@ -45,8 +45,7 @@ struct EdgeMiddleware: RouterMiddleware {
         var context = context
         let requestID = Self.requestID(from: request.headers[.requestID])
         context.requestID = requestID
-        context.logger[metadataKey: "hb.request.id"] = .string(requestID)
-        context.logger[metadataKey: "metricsd.request.id"] = .string(requestID)
+        context.logger = Self.requestLogger(context.logger, requestID: requestID)
         let started = ContinuousClock.now
         var response: Response
         var route = "unmatched"
@@ -70,9 +69,7 @@ struct EdgeMiddleware: RouterMiddleware {
         }
         if route == "NotFound" { route = "unmatched" }
         response.headers[.requestID] = requestID
-        let elapsed = (ContinuousClock.now - started).components
-        let seconds = Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18
-        HTTPMetrics.record(route: route, method: request.method, status: response.status.code, seconds: seconds)
+        HTTPMetrics.record(route: route, method: request.method, status: response.status.code, since: started)
         return response
     }
 
@@ -113,6 +110,14 @@ struct EdgeMiddleware: RouterMiddleware {
             logger.error("Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
             return AppError(.internalServerError, "internal server error (request \(requestID))")
         }
+    }
+
+    /// A request's logger: every line carries its id (shared with the hot path, which makes one only to log).
+    static func requestLogger(_ base: Logger, requestID: String) -> Logger {
+        var logger = base
+        logger[metadataKey: "hb.request.id"] = .string(requestID)
+        logger[metadataKey: "metricsd.request.id"] = .string(requestID)
+        return logger
     }
 
     /// The client's id when well-formed, else a new random one.
@@ -216,7 +221,9 @@ enum HTTPMetrics {
 
     private static let cache = Mutex<[Key: (CoreMetrics.Counter, CoreMetrics.Timer)]>([:])
 
-    static func record(route: String, method: HTTPRequest.Method, status: Int, seconds: Double) {
+    static func record(route: String, method: HTTPRequest.Method, status: Int, since started: ContinuousClock.Instant) {
+        let elapsed = (ContinuousClock.now - started).components
+        let nanoseconds = elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000
         let key = Key(route: route, method: method.rawValue, status: status)
         let (counter, timer) = Self.cache.withLock { cache in
             if let cached = cache[key] { return cached }
@@ -230,6 +237,6 @@ enum HTTPMetrics {
             return made
         }
         counter.increment()
-        timer.recordNanoseconds(Int64(seconds * 1e9))
+        timer.recordNanoseconds(nanoseconds)
     }
 }

@@ -66,7 +66,6 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
     private var readPending = false
     /// The hot request until its end has arrived.
     private var hot: (head: HTTPRequest, started: ContinuousClock.Instant)?
-    private var active = true
     private var resuming = false
     /// Parts passed on to the router so far.
     private var passedOn = 0
@@ -158,11 +157,6 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
         context.fireErrorCaught(error)
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
-        self.active = false
-        context.fireChannelInactive()
-    }
-
     /// Whether the request is one this handler answers: exactly `GET /v1/profile/metrics/today`, no body, no
     /// `Connection: close`.
     static func isHot(_ head: HTTPRequest) -> Bool {
@@ -224,13 +218,14 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
         }
         let userID: Int64
         do {
-            userID = try Self.authenticate(authorization, credentials: endpoint.credentials, endpoint: endpoint, requestID: requestID)
+            userID = try authenticatedUser(
+                authorization, credentials: endpoint.credentials, logger: Self.logger(endpoint, requestID, nil))
         } catch {
             endpoint.inFlight.leave()
             self.finish(.error(error), route: TodayEndpoint.path, requestID: requestID, started: started, context: context)
             return
         }
-        let loop = context.eventLoop
+        let loop = self.eventLoop
         let bound = NIOLoopBound(self, eventLoop: loop)
         endpoint.store.latestMetrics(userID: userID) { result in
             let outcome: Outcome
@@ -284,24 +279,9 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// The user id of the request's token, or the 401 `UserAuthMiddleware` would answer.
-    private static func authenticate(
-        _ authorization: String?, credentials: CredentialBox, endpoint: TodayEndpoint, requestID: String
-    ) throws(AppError) -> Int64 {
-        let token = try bearerToken(authorization)
-        do {
-            return try credentials.current.tokens.verify(token)
-        } catch {
-            Self.logger(endpoint, requestID, nil).debug("Token refused", metadata: ["metricsd.reason": "\(error.message)"])
-            throw AppError.unauthorized(error.message)
-        }
-    }
-
     /// The request's logger, as the router's would be (made only when something is logged).
     private static func logger(_ endpoint: TodayEndpoint, _ requestID: String, _ userID: Int64?) -> Logger {
-        var logger = endpoint.logger
-        logger[metadataKey: "hb.request.id"] = .string(requestID)
-        logger[metadataKey: "metricsd.request.id"] = .string(requestID)
+        var logger = EdgeMiddleware.requestLogger(endpoint.logger, requestID: requestID)
         if let userID { logger[metadataKey: "metricsd.user.id"] = .stringConvertible(userID) }
         return logger
     }
@@ -341,29 +321,21 @@ final class TodayFastPath: ChannelDuplexHandler, RemovableChannelHandler {
         fields[.requestID] = requestID
         fields[.date] = HTTPDate.now()
         self.busy = false
+        HTTPMetrics.record(route: route, method: .get, status: status.code, since: started)
         // The context is gone only when the channel is (the handler left the pipeline): nothing to write to.
-        guard let context else {
-            HTTPMetrics.record(route: route, method: .get, status: status.code, seconds: Self.seconds(since: started))
-            return
-        }
-        if self.active {
+        guard let context else { return }
+        if context.channel.isActive {
             context.write(self.wrapOutboundOut(.head(HTTPResponse(status: status, headerFields: fields))), promise: nil)
             context.write(self.wrapOutboundOut(.body(ByteBuffer(string: body))), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         }
-        HTTPMetrics.record(route: route, method: .get, status: status.code, seconds: Self.seconds(since: started))
         self.resume(context: context)
-    }
-
-    private static func seconds(since started: ContinuousClock.Instant) -> Double {
-        let elapsed = (ContinuousClock.now - started).components
-        return Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18
     }
 
     /// Goes on with held parts once nothing is in the way; then lets reading continue. Re-entered when a held
     /// request is answered at once (a 401): the outer call carries on.
     private func resume(context: ChannelHandlerContext) {
-        guard self.active, !self.resuming else { return }
+        guard context.channel.isActive, !self.resuming else { return }
         self.resuming = true
         defer { self.resuming = false }
         let passedOn = self.passedOn

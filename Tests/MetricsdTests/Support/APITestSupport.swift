@@ -417,19 +417,7 @@ final class RawConnection: @unchecked Sendable {  // used by one task at a time
     let descriptor: Int32
 
     init(port: Int) throws {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        try #require(descriptor >= 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        if connected != 0 { close(descriptor) }
-        try #require(connected == 0, "cannot connect to 127.0.0.1:\(port): errno \(errno)")
+        let descriptor = try #require(RawHTTP.connect(port: port), "cannot connect to 127.0.0.1:\(port)")
         _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
         self.descriptor = descriptor
     }
