@@ -7,7 +7,7 @@ import MetricsdApp
 import MetricsdPostgres
 import Testing
 
-/// Issue 6, tokens: pinned algorithms (no `none`, no HS/RS confusion), HS256 and EdDSA/ES256/RS256 public keys,
+/// Tokens: pinned algorithms (no `none`, no HS/RS confusion), HS256 and EdDSA/ES256/RS256 public keys,
 /// `exp`/`nbf` with the clock leeway, `iss`/`aud` when configured, `sub` as a user id, admin and user tokens never
 /// interchangeable, and key configuration errors. Over real HTTP against the real database.
 @Suite struct TokenTests {
@@ -50,6 +50,56 @@ import Testing
     }
 
     static var valid: [String: Any] { SignedTokens.claims(sub: String(Self.user)) }
+
+    // MARK: Duplicate names (RFC 7519 §4, RFC 7515 §4)
+
+    /// HS256 over raw header and payload text (a JSON library would not write a repeated name).
+    static func raw(header: String = #"{"alg":"HS256","typ":"JWT"}"#, payload: String) -> String {
+        let input = TestTokens.base64URL(Data(header.utf8)) + "." + TestTokens.base64URL(Data(payload.utf8))
+        let mac = HMAC<SHA256>.authenticationCode(for: Array(input.utf8), using: SymmetricKey(data: Array(APIServer.jwtSecret.utf8)))
+        return input + "." + TestTokens.base64URL(Data(mac))
+    }
+
+    /// A claims set or header that names a member twice is refused, whichever reader would have read it: the
+    /// plain reader (flat strings and integers), the decoder (escapes, nested values), the header decoder. The
+    /// same token without the repetition is accepted, so the signature and claims are otherwise fine.
+    @Test func repeatedClaimOrHeaderNamesAreRefused() async throws {
+        let later = SignedTokens.now + 3600
+        let earlier = SignedTokens.now - 3600
+        let refused: [(String, String, String)] = [
+            ("sub twice", Self.raw(payload: #"{"sub":"42","sub":"6","exp":\#(later)}"#), "repeats a claim name"),
+            ("exp twice, past first", Self.raw(payload: #"{"exp":\#(earlier),"exp":\#(later),"sub":"42"}"#), "repeats a claim name"),
+            ("exp twice, future first", Self.raw(payload: #"{"exp":\#(later),"exp":\#(earlier),"sub":"42"}"#), "repeats a claim name"),
+            ("escaped name", Self.raw(payload: #"{"s\u0075b":"42","sub":"6","exp":\#(later)}"#), "repeats a claim name"),
+            ("with a nested claim", Self.raw(payload: #"{"sub":"42","ctx":{"a":[1,{"b":2}]},"exp":\#(later),"sub":"6"}"#),
+             "repeats a claim name"),
+            ("header alg twice", Self.raw(header: #"{"alg":"HS256","typ":"JWT","alg":"none"}"#,
+                                           payload: #"{"sub":"42","exp":\#(later)}"#), "malformed token header"),
+        ]
+        let accepted: [(String, String)] = [
+            ("plain", Self.raw(payload: #"{"sub":"42","exp":\#(later)}"#)),
+            ("escaped name alone", Self.raw(payload: #"{"s\u0075b":"42","exp":\#(later)}"#)),
+            ("nested names may repeat inside other claims", Self.raw(payload: #"{"sub":"42","ctx":{"a":1,"b":{"a":2}},"exp":\#(later)}"#)),
+            ("uncommon header", Self.raw(header: #"{"typ":"JWT","kid":"k1","alg":"HS256"}"#, payload: #"{"sub":"42","exp":\#(later)}"#)),
+        ]
+        // Directly, and over HTTP.
+        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        for (name, token, reason) in refused {
+            #expect(throws: TokenError.self, "\(name)") { try verifier.verify(Substring(token)) }
+            do {
+                _ = try verifier.verify(Substring(token))
+            } catch {
+                #expect(error.message.contains(reason), "\(name): \(error.message)")
+            }
+        }
+        for (name, token) in accepted {
+            #expect((try? verifier.verify(Substring(token))) == Self.user, "\(name)")
+        }
+        try await Self.serve { port in
+            try await Self.expect(port, refused.map { ($0.0, $0.1) }, status: 401)
+            try await Self.expect(port, accepted, status: 200)
+        }
+    }
 
     // MARK: Algorithms
 
