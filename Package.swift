@@ -60,7 +60,6 @@ let package = Package(
             dependencies: [
                 "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),

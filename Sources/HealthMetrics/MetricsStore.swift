@@ -29,8 +29,18 @@ public enum AcknowledgeOutcome: Hashable, Sendable {
     case acknowledged(at: Timestamp, version: Int)
     /// The user has metrics, but not these (recomputed since, or another version).
     case notCurrent
-    /// The user has no metrics at all.
-    case noMetrics
+    /// The user has no metrics at all, and why.
+    case noMetrics(NoMetricsReason)
+}
+
+/// Why a user has no metrics.
+public enum NoMetricsReason: Hashable, Sendable {
+    /// No such user.
+    case unknownUser
+    /// The settings are missing or invalid; every reason.
+    case invalidSettings([SkipReason])
+    /// The settings are valid, but nothing has computed the user's metrics yet (the first read does).
+    case notComputedYet
 }
 
 /// Whether the store can serve: the database answers and its schema is this build's.

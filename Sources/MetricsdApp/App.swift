@@ -1,6 +1,5 @@
 import HealthMetrics
-import Hummingbird
-import Logging
+import HTTPTypes
 import MetricsdPostgres
 import NIOCore
 import Prometheus
@@ -12,16 +11,18 @@ public struct HTTPDependencies: Sendable {
     public var jobs: RecomputeJobs?
     public var credentials: CredentialBox
     public var formula: MetricsFormula
-    /// Serves `/metrics` on this router when set.
+    /// Serves `/metrics` on the API listener when set.
     public var prometheus: PrometheusCollectorRegistry?
     /// Concurrent requests beyond which new ones get an immediate 503.
     public var maxInFlight: Int
-    /// Requests in flight, counted by the router and the hot path alike.
+    /// The request log (its mode changes on reload).
+    public var requestLog: RequestLog
+    /// Requests in flight, shared by every listener.
     let inFlight = InFlightCounter()
 
     public init(
         store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
-        prometheus: PrometheusCollectorRegistry?, maxInFlight: Int = 512
+        prometheus: PrometheusCollectorRegistry?, maxInFlight: Int = 512, requestLog: RequestLog
     ) {
         self.store = store
         self.jobs = jobs
@@ -29,45 +30,43 @@ public struct HTTPDependencies: Sendable {
         self.formula = formula
         self.prometheus = prometheus
         self.maxInFlight = maxInFlight
+        self.requestLog = requestLog
     }
 }
 
-/// The router of the API (OpenAPI document: `Sources/MetricsdApp/Resources/openapi.yaml`).
-public func buildRouter(_ dependencies: HTTPDependencies) -> Router<AppRequestContext> {
-    let router = Router(context: AppRequestContext.self)
-    var known: [(String, [String])] = [
-        ("/v1/profile/metrics/today", ["GET"]), ("/v1/profile/metrics/acknowledge", ["POST"]),
-        ("/healthz", ["GET"]), ("/readyz", ["GET"]), ("/openapi.yaml", ["GET"]),
-    ]
-    if dependencies.prometheus != nil { known.append(("/metrics", ["GET"])) }
-    if dependencies.jobs != nil {
-        known += [
-            ("/v1/admin/recompute", ["GET", "POST"]), ("/v1/admin/recompute/{id}", ["GET"]),
-            ("/v1/admin/recompute/{id}/cancel", ["POST"]),
-        ]
+/// Which endpoints a listener serves.
+public enum HTTPEndpoints: Sendable {
+    /// The API (OpenAPI document: `Sources/MetricsdApp/Resources/openapi.yaml`), with `/metrics` when the
+    /// dependencies carry a registry.
+    case api
+    /// Only `/metrics`, from this registry (`METRICSD_METRICS_LISTEN`).
+    case metrics(PrometheusCollectorRegistry)
+
+    func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
+        switch self {
+        case .api:
+            var endpoints = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+            endpoints += HealthController(store: dependencies.store).endpoints
+            if let registry = dependencies.prometheus { endpoints.append(metricsEndpoint(registry)) }
+            if let jobs = dependencies.jobs {
+                endpoints += AdminController(jobs: jobs, formula: dependencies.formula).endpoints
+            }
+            return endpoints
+        case .metrics(let registry):
+            return [metricsEndpoint(registry)]
+        }
     }
-    router.add(
-        middleware: EdgeMiddleware(
-            maxInFlight: dependencies.maxInFlight, inFlight: dependencies.inFlight, routes: KnownRoutes(known)))
-    HealthController(store: dependencies.store).addRoutes(to: router)
-    if let registry = dependencies.prometheus { addMetricsRoute(to: router, registry: registry) }
-    ProfileMetricsController(store: dependencies.store, formula: dependencies.formula)
-        .addRoutes(to: router.group("v1/profile/metrics").add(middleware: UserAuthMiddleware(credentials: dependencies.credentials)))
-    if let jobs = dependencies.jobs {
-        AdminController(jobs: jobs, formula: dependencies.formula)
-            .addRoutes(to: router.group("v1/admin").add(middleware: AdminAuthMiddleware(credentials: dependencies.credentials)))
-    }
-    return router
 }
 
 /// `GET /metrics`: the Prometheus text format.
-func addMetricsRoute<Context: RequestContext>(to router: Router<Context>, registry: PrometheusCollectorRegistry) {
-    router.get("metrics") { _, _ in
-        var buffer: [UInt8] = []
-        buffer.reserveCapacity(16 * 1024)
-        registry.emit(into: &buffer)
-        return Response(
-            status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
-            body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
-    }
+func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
+    Endpoint(
+        .get, "/metrics", access: .open,
+        .immediate { _ in
+            var buffer: [UInt8] = []
+            buffer.reserveCapacity(16 * 1024)
+            registry.emit(into: &buffer)
+            return Reply(
+                headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"], body: ByteBuffer(bytes: buffer))
+        })
 }

@@ -1,7 +1,7 @@
 import CoreMetrics
 import Foundation
 import HealthMetrics
-import Hummingbird
+import HummingbirdCore
 import Logging
 import MetricsdPostgres
 import MetricsdSystemd
@@ -177,19 +177,16 @@ public enum Daemon {
             queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,
             started: started, status: status, reporter: reporter, logger: logger)
 
+        let requestLog = RequestLog(mode: configuration.requestLog, logger: Self.requestLogger(configuration, environment))
         let dependencies = HTTPDependencies(
             store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
             formula: formula, prometheus: configuration.metricsListen == nil ? registry : nil,
-            maxInFlight: configuration.maxInFlight)
-        let app = Application(
-            router: buildRouter(dependencies),
-            server: buildHTTPServer(
-                dependencies, requestTimeout: .milliseconds(Int64(configuration.requestTimeoutSeconds * 1000)),
-                idleTimeout: .milliseconds(Int64(configuration.idleTimeoutSeconds * 1000)), logger: logger),
-            configuration: ApplicationConfiguration(
-                address: .hostname(configuration.listen.host, port: configuration.listen.port), serverName: nil,
-                reuseAddress: true,
-                availableConnectionsDelegate: MaximumConnections(configuration.maxConnections)),
+            maxInFlight: configuration.maxInFlight, requestLog: requestLog)
+        let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
+        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
+        let server = buildHTTPServer(
+            dependencies, address: configuration.listen, requestTimeout: requestTimeout, idleTimeout: idleTimeout,
+            maxConnections: configuration.maxConnections,
             onServerRunning: { channel in
                 listening.open()
                 await started.wait()
@@ -222,15 +219,12 @@ public enum Daemon {
                 listening, SettingsListener(pool: pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: logger)))
         services.append(AfterListening(listening, scheduler))
         if let metricsListen = configuration.metricsListen {
-            let metricsRouter = Router()
-            addMetricsRoute(to: metricsRouter, registry: registry)
             services.append(
-                Application(
-                    router: metricsRouter,
-                    configuration: .init(address: .hostname(metricsListen.host, port: metricsListen.port)),
-                    logger: logger))
+                buildHTTPServer(
+                    dependencies, endpoints: .metrics(registry), address: metricsListen, requestTimeout: requestTimeout,
+                    idleTimeout: idleTimeout, logger: logger))
         }
-        services.append(app)
+        services.append(server)
 
         var groupConfiguration = ServiceGroupConfiguration(
             services: services.map { .init(service: $0) }, gracefulShutdownSignals: [], cancellationSignals: [],
@@ -240,8 +234,8 @@ public enum Daemon {
         let group = ServiceGroup(configuration: groupConfiguration)
         let reload: @Sendable () async -> Void = {
             await Self.reload(
-                base: environment, levelBox: levelBox, dailyAt: dailyAt, credentials: credentials, status: status,
-                notifier: notifier, logger: logger)
+                base: environment, levelBox: levelBox, dailyAt: dailyAt, credentials: credentials,
+                requestLog: requestLog, status: status, notifier: notifier, logger: logger)
         }
         try await lifecycle.running(group: group, reload: reload)
         logger.info("metricsd stopped")
@@ -275,7 +269,7 @@ public enum Daemon {
     /// the secret files (JWT secret or public key, admin token). Everything else needs a restart.
     static func reload(
         base: [String: String], levelBox: LogLevelBox, dailyAt: ReadMostly<DailyTime>, credentials: CredentialBox,
-        status: StatusBoard, notifier: SystemdNotifier, logger: Logger
+        requestLog: RequestLog, status: StatusBoard, notifier: SystemdNotifier, logger: Logger
     ) async {
         do {
             let environment = try ConfigFile.merge(into: base)
@@ -283,17 +277,28 @@ public enum Daemon {
             let tokens = try await TokenVerifier(configuration.tokens)
             levelBox.level = configuration.logLevel
             dailyAt.value = configuration.dailyAt
+            requestLog.mode = configuration.requestLog
             credentials.replace(.init(tokens: tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))
             logger.info(
                 "Reloaded",
                 metadata: [
                     "metricsd.log.level": "\(configuration.logLevel)", "metricsd.daily_at": "\(configuration.dailyAt)",
+                    "metricsd.request_log": "\(configuration.requestLog.rawValue)",
                     "metricsd.jwt.algorithms": "\(tokens.acceptedAlgorithms.joined(separator: ","))",
                 ])
             notifier.ready(status: status.line)
         } catch {
             logger.error("Reload failed; keeping the previous settings", metadata: ["metricsd.error": "\(error)"])
             notifier.ready(status: "reload failed: \(error); " + status.line)
+        }
+    }
+
+    /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its
+    /// own switch, `METRICSD_REQUEST_LOG`, independent of `METRICSD_LOG_LEVEL`).
+    static func requestLogger(_ configuration: Configuration, _ environment: [String: String]) -> Logger {
+        let level = LogLevelBox(.info)
+        return Logger(label: "metricsd") { label in
+            LogSetup.makeHandler(label: label, format: configuration.logFormat, level: level, environment: environment)
         }
     }
 

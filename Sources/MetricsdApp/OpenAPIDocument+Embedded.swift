@@ -211,10 +211,12 @@ paths:
         '404':
           description: |
             The metrics named in the body are no longer the user's current metrics (they were
-            recomputed since, or a new formula version replaced them), or the user has no metrics.
-            The message is `Your metrics have been updated. Please refresh and try again.`: fetch
+            recomputed since, or a new formula version replaced them): the message is
+            `Your metrics have been updated. Please refresh and try again.`; fetch
             `GET /v1/profile/metrics/today` again, show the new metrics, and let the user acknowledge
-            those.
+            those. Or the user has no metrics at all: the message starts with `no metrics` and says
+            why, in the words of `GET /v1/profile/metrics/today` (settings missing or invalid, no such
+            user, or not computed yet).
           headers:
             X-Request-Id:
               $ref: '#/components/headers/X-Request-Id'

@@ -50,14 +50,15 @@ public final class PostgresStore: MetricsStore {
     }
 
     public func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome {
-        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        let formula = self.formula
+        return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             // Two concurrent first acknowledgements: the loser's statement can neither insert nor see the
             // winner's row in its snapshot; a second run sees it.
             for _ in 0..<2 {
                 let result = try connection.prepared(
                     "acknowledge", SQL.acknowledge,
                     [String(userID), String(version), String(computedAt.millisecondsSinceEpoch)])
-                guard try result.bool(0, 0) else { return .noMetrics }
+                guard try result.bool(0, 0) else { return .noMetrics(try Self.whyNoMetrics(userID: userID, formula: formula, on: connection)) }
                 guard try result.bool(0, 1) else { return .notCurrent }
                 if let at = try result.optionalInt(0, 2) {
                     return .acknowledged(at: Timestamp(millisecondsSinceEpoch: at), version: version)
@@ -65,6 +66,19 @@ public final class PostgresStore: MetricsStore {
             }
             throw PostgresError(code: .unexpectedResult, message: "acknowledgement of user \(userID) was not recorded")
         }
+    }
+
+    /// Why a user has no metrics row: unknown, invalid settings (every reason), or valid but not computed yet.
+    /// Reads only; writes nothing.
+    static func whyNoMetrics(userID: Int64, formula: MetricsFormula, on connection: PostgresConnection) throws
+        -> NoMetricsReason
+    {
+        let rows = try UserRow.decode(
+            connection.prepared("read_users_by_id", SQL.readUsersByID, [nil, nil, "{\(userID)}"]))
+        guard let row = rows.first else { return .unknownUser }
+        let batch = EvaluatedBatch([row], formula: formula)
+        if let reasons = batch.skipReasons[userID] { return .invalidSettings(reasons) }
+        return .notComputedYet
     }
 
     public func readiness() async -> Readiness {

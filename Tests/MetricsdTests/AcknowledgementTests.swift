@@ -5,7 +5,7 @@ import Logging
 import MetricsdPostgres
 import Testing
 
-/// Issue 6: `POST /v1/profile/metrics/acknowledge` over real HTTP against the real database, and what
+/// `POST /v1/profile/metrics/acknowledge` over real HTTP against the real database, and what
 /// `GET …/today` then says, through every way a row can change (daily job, settings change, recompute-all).
 @Suite struct AcknowledgementTests {
     static let updated = "Your metrics have been updated. Please refresh and try again."
@@ -299,16 +299,23 @@ import Testing
         }
     }
 
-    @Test func userWithoutMetricsGets404() async throws {
+    /// A user who never had metrics gets a 404 that says there are none yet and why (the same words as the
+    /// read), never "updated"; and nothing is written.
+    @Test func userWithoutMetricsGets404SayingWhy() async throws {
         try await withTestDatabase { database in
-            try await database.seed([SeedUser(id: 1, height: "72.0")])
+            try await database.seed([SeedUser(id: 1, height: "72.0"), .valid(2)])
             try await APIServer.run(database: database) { port in
-                expectErrorBody(
-                    try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z"),
-                    status: 404, contains: [Self.updated])
-                expectErrorBody(
-                    try await API.acknowledge(port: port, user: 404, version: 1, computedAt: "2025-10-29T14:30:45.123Z"),
-                    status: 404, contains: [Self.updated])
+                let invalid = try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                expectErrorBody(invalid, status: 404, contains: ["no metrics", "height 72"])
+                let unknown = try await API.acknowledge(port: port, user: 404, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                expectErrorBody(unknown, status: 404, contains: ["no metrics", "user 404 does not exist"])
+                let notYet = try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                expectErrorBody(notYet, status: 404, contains: ["no metrics yet", "GET /v1/profile/metrics/today"])
+                for reply in [invalid, unknown, notYet] { #expect(!reply.text.contains("updated"), "\(reply)") }
+                // The read says the same about the invalid user.
+                expectErrorBody(try await API.today(port: port, user: 1), status: 404, contains: ["no metrics", "height 72"])
+                #expect(try await database.value("SELECT count(*) FROM metrics_acknowledgements") == "0")
+                #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
             }
         }
     }
@@ -331,7 +338,7 @@ import Testing
         }
     }
 
-    /// Every malformed body: 400 with SPEC.md's error body whose message names the bad field.
+    /// Every malformed body: 400 with the error body whose message names the bad field.
     @Test func malformedBodiesAre400NamingTheField() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])

@@ -83,14 +83,14 @@ import Testing
     @Test func requestIDs() {
         var seen = Set<String>()
         for _ in 0..<100_000 {
-            let id = EdgeMiddleware.newRequestID()
+            let id = APIDispatcher.newRequestID()
             #expect(id.utf8.count == 16 && id.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }, "\(id)")
             seen.insert(id)
         }
         #expect(seen.count == 100_000)
-        #expect(EdgeMiddleware.requestID(from: "trace-1.A_b") == "trace-1.A_b")
-        #expect(EdgeMiddleware.requestID(from: "bad id") != "bad id")
-        #expect(EdgeMiddleware.requestID(from: String(repeating: "a", count: 65)).utf8.count == 16)
+        #expect(APIDispatcher.requestID(from: "trace-1.A_b") == "trace-1.A_b")
+        #expect(APIDispatcher.requestID(from: "bad id") != "bad id")
+        #expect(APIDispatcher.requestID(from: String(repeating: "a", count: 65)).utf8.count == 16)
     }
 
     /// JSON strings: the fast path (copied whole) and the escaping path give what JSONSerialization reads back.

@@ -21,6 +21,8 @@ public struct Configuration: Sendable {
     public var logLevel: Logger.Level
     /// `METRICSD_LOG_FORMAT` (`text`, `json`, `journal`); nil chooses the journal under systemd, else text.
     public var logFormat: LogFormat?
+    /// `METRICSD_REQUEST_LOG` (`off`, `errors`, `all`), default `errors`: which requests get a request log line.
+    public var requestLog: RequestLogMode
     /// Token verification (JWT secret or public key, issuer, audience, leeway).
     public var tokens: TokenConfiguration
     /// The admin bearer token; nil serves no admin endpoint at all.
@@ -81,6 +83,9 @@ public struct Configuration: Sendable {
         ) { Logger.Level(rawValue: $0.lowercased()) }
         self.logFormat = try reader.parseOptional("METRICSD_LOG_FORMAT", expected: "text, json or journal") {
             LogFormat(rawValue: $0.lowercased())
+        }
+        self.requestLog = try reader.parse("METRICSD_REQUEST_LOG", default: .default, expected: "off, errors or all") {
+            RequestLogMode(rawValue: $0.lowercased())
         }
         self.tokens = try TokenConfiguration(environment: environment)
         self.adminToken = try Secrets.read(

@@ -1,8 +1,6 @@
 import HTTPTypes
-import Hummingbird
-import NIOCore
 
-/// An error the HTTP API answers with SPEC.md's body: `{"error": "message", "statusCode": N}`.
+/// An error the HTTP API answers with its error body: `{"error": "message", "statusCode": N}`.
 public struct AppError: Error, Sendable, CustomStringConvertible {
     public let status: HTTPResponse.Status
     public let message: String
@@ -30,14 +28,6 @@ public struct AppError: Error, Sendable, CustomStringConvertible {
         return error
     }
 
-    /// The response: the error body as JSON.
-    func response(requestID: String) -> Response {
-        var headers = self.headers
-        headers[.contentType] = "application/json"
-        headers[.requestID] = requestID
-        return Response(status: self.status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: self.body)))
-    }
-
     /// The JSON body.
     var body: String {
         JSONWriter.object(["error": .string(self.message), "statusCode": .int(Int64(self.status.code))])
@@ -47,17 +37,4 @@ public struct AppError: Error, Sendable, CustomStringConvertible {
 extension HTTPField.Name {
     /// `X-Request-Id`: the correlation id of a request, in every response and every log line about it.
     static let requestID = HTTPField.Name("X-Request-Id")!
-}
-
-/// A `200`/`202` JSON response.
-struct JSONResponse: ResponseGenerator {
-    var status: HTTPResponse.Status = .ok
-    var headers: HTTPFields = [:]
-    let body: String
-
-    func response(from request: Request, context: some RequestContext) throws -> Response {
-        var headers = self.headers
-        headers[.contentType] = "application/json"
-        return Response(status: self.status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: self.body)))
-    }
 }

@@ -1,62 +1,81 @@
-import Hummingbird
 import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTP1
 import NIOHTTPTypes
 import NIOHTTPTypesHTTP1
+import NIOPosix
 
 /// The HTTP/1.1 server of the API: the daemon serves it, and so do the HTTP test suites.
 ///
-/// Hummingbird's HTTP/1 pipeline (decoder limits, HTTP types codec, connection state with idle timeout and
-/// graceful quiescing, async channel) with two handlers of ours: `RequestDeadlineHandler` (slow clients) before
-/// the connection state, and `TodayFastPath` (the hot read, answered on the event loop) after it, so keep-alive,
-/// idle timeouts and graceful shutdown see every request, hot or not.
+/// HummingbirdCore's server (bootstrap, connection limit, graceful quiescing as a `Service`) and its connection
+/// state handler (keep-alive, idle timeout, closing after the reply in flight on shutdown), with two handlers of
+/// ours: `RequestDeadlineHandler` (slow clients) and `HTTPConnectionHandler`, which hands every request to the
+/// one ``APIDispatcher``.
+///
+/// - Parameters:
+///   - endpoints: what the server answers (the API, or only `/metrics` for a separate metrics listener).
+///   - onServerRunning: called once the listener is bound, with its channel (for the bound address).
 public func buildHTTPServer(
-    _ dependencies: HTTPDependencies, requestTimeout: TimeAmount, idleTimeout: TimeAmount, logger: Logger
-) -> HTTPServerBuilder {
-    let endpoint = TodayEndpoint(
-        store: dependencies.store, credentials: dependencies.credentials, inFlight: dependencies.inFlight,
-        maxInFlight: dependencies.maxInFlight, logger: logger)
-    return HTTPServerBuilder { responder in
-        MetricsdHTTPChannel(
-            http1: HTTP1Channel(responder: responder), requestTimeout: requestTimeout, idleTimeout: idleTimeout,
-            endpoint: endpoint)
-    }
+    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, address: ListenAddress,
+    requestTimeout: TimeAmount, idleTimeout: TimeAmount, maxConnections: Int? = nil,
+    onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
+) -> Server<MetricsdHTTPChannel> {
+    let dispatcher = APIDispatcher(
+        endpoints: endpoints.list(dependencies), credentials: dependencies.credentials, inFlight: dependencies.inFlight,
+        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, logger: logger)
+    let channel = MetricsdHTTPChannel(dispatcher: dispatcher, requestTimeout: requestTimeout, idleTimeout: idleTimeout)
+    let configuration = ServerConfiguration(
+        address: .hostname(address.host, port: address.port), serverName: nil, reuseAddress: true,
+        availableConnectionsDelegate: maxConnections.map { MaximumConnections($0) })
+    return Server(
+        childChannelSetup: channel, configuration: configuration, onServerRunning: onServerRunning,
+        eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: logger)
 }
 
-/// `HTTP1Channel` with our handlers in place (see `buildHTTPServer`); requests that reach the async channel are
-/// handled by Hummingbird's own `HTTP1Channel`.
-struct MetricsdHTTPChannel: ServerChildChannel {
-    typealias Value = NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>
+/// One HTTP/1.1 connection's pipeline (see ``buildHTTPServer``).
+public struct MetricsdHTTPChannel: ServerChildChannel {
+    /// A connection whose requests are answered by its handlers.
+    public struct Connection: ServerChildChannelValue {
+        public let channel: any Channel
+    }
 
-    let http1: HTTP1Channel
+    let dispatcher: APIDispatcher
     let requestTimeout: TimeAmount
     let idleTimeout: TimeAmount
-    let endpoint: TodayEndpoint
 
-    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+    /// Header limits of Hummingbird's default HTTP/1 configuration.
+    private static let decoderLimits: NIOHTTPDecoderLimitConfiguration = {
+        let decoder = HTTP1Channel.Configuration().httpDecoder
+        var limits = NIOHTTPDecoderLimitConfiguration()
+        limits.maxHeaderFieldSize = decoder.maxHeaderFieldSize
+        limits.maxHeaderListSize = decoder.maxHeaderListSize
+        limits.maxHeaderFieldCount = decoder.maxHeaderFieldCount
+        return limits
+    }()
+
+    public func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Connection> {
         channel.eventLoop.makeCompletedFuture {
-            let decoder = self.http1.configuration.httpDecoder
-            var limits = NIOHTTPDecoderLimitConfiguration()
-            limits.maxHeaderFieldSize = decoder.maxHeaderFieldSize
-            limits.maxHeaderListSize = decoder.maxHeaderListSize
-            limits.maxHeaderFieldCount = decoder.maxHeaderFieldCount
             let pipeline = channel.pipeline.syncOperations
             try pipeline.configureHTTPServerPipeline(
                 withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false,
-                withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+                withEncoderConfiguration: .init(), withDecoderLimitConfiguration: Self.decoderLimits)
             try pipeline.addHandler(HTTP1ToHTTPServerCodec(secure: false))
             try pipeline.addHandler(RequestDeadlineHandler(requestTimeout: self.requestTimeout, idleTimeout: self.idleTimeout))
-            try pipeline.addHandler(
-                HTTPConnectionStateHandler(idleTimeout: Duration(self.idleTimeout), logger: logger))
-            try pipeline.addHandler(TodayFastPath(endpoint: self.endpoint, eventLoop: channel.eventLoop))
-            return try NIOAsyncChannel(
-                wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+            try pipeline.addHandler(HTTPConnectionStateHandler(idleTimeout: Duration(self.idleTimeout), logger: logger))
+            try pipeline.addHandler(HTTPConnectionHandler(dispatcher: self.dispatcher))
+            return Connection(channel: channel)
         }
     }
 
-    func handle(value: Value, logger: Logger) async {
-        await self.http1.handle(value: value, logger: logger)
+    /// The connection is served by its handlers on its event loop; this task only waits for it to close (and
+    /// closes it when the server's task is cancelled).
+    public func handle(value: Connection, logger: Logger) async {
+        let channel = value.channel
+        await withTaskCancellationHandler {
+            try? await channel.closeFuture.get()
+        } onCancel: {
+            channel.close(promise: nil)
+        }
     }
 }

@@ -1,7 +1,7 @@
 import HealthMetrics
 
 /// Writes JSON by hand, in the order the contract documents and with `null` written out (a synthesized
-/// `Encodable` would drop nil keys, and SPEC.md wants `"acknowledgement": null`). Also cheaper than
+/// `Encodable` would drop nil keys, and the contract wants `"acknowledgement": null`). Also cheaper than
 /// `JSONEncoder` on the hot path.
 struct JSONWriter {
     private(set) var text = ""

@@ -1,27 +1,49 @@
 import Foundation
 import HealthMetrics
-import Hummingbird
+import HTTPTypes
 import Logging
 import NIOCore
 
-/// `GET /v1/profile/metrics/today` and `POST /v1/profile/metrics/acknowledge` (SPEC.md, seeds 000/001).
+/// `GET /v1/profile/metrics/today` and `POST /v1/profile/metrics/acknowledge`.
 struct ProfileMetricsController {
     let store: any MetricsStore
     let formula: MetricsFormula
 
-    func addRoutes(to group: RouterGroup<AppRequestContext>) {
-        group.get("today", use: self.today)
-        group.post("acknowledge", use: self.acknowledge)
+    var endpoints: [Endpoint] {
+        [
+            Endpoint(.get, "/v1/profile/metrics/today", access: .user, .callback(self.today)),
+            Endpoint(.post, "/v1/profile/metrics/acknowledge", access: .user, .async(self.acknowledge)),
+        ]
     }
 
-    /// The user's latest metrics. A user with valid settings but no row yet (just onboarded) gets them computed,
-    /// stored and returned now: never the 404 race of the old design.
-    @Sendable func today(request: Request, context: AppRequestContext) async throws -> JSONResponse {
-        let userID = try Self.user(context)
-        if let latest = try await self.store.latestMetrics(userID: userID) {
-            return JSONResponse(body: Self.todayBody(latest))
+    /// The user's latest metrics, read by the batched read (no task; the body is written on the connection's
+    /// event loop). A user with valid settings but no row yet (just onboarded) gets them computed, stored and
+    /// returned now: never the 404 race of the old design.
+    @Sendable func today(_ request: EndpointRequest, _ done: @escaping @Sendable (Result<Reply, any Error>) -> Void) {
+        let userID: Int64
+        do {
+            userID = try request.user()
+        } catch {
+            done(.failure(error))
+            return
         }
-        return JSONResponse(body: try await Self.computeNowBody(userID: userID, store: self.store, logger: context.logger))
+        let store = self.store
+        store.latestMetrics(userID: userID) { result in
+            switch result {
+            case .success(.some(let latest)):
+                request.eventLoop.execute { done(.success(.json(Self.todayBody(latest)))) }
+            case .success(.none):
+                Task {
+                    do {
+                        done(.success(.json(try await Self.computeNowBody(userID: userID, store: store, logger: request.logger))))
+                    } catch {
+                        done(.failure(error))
+                    }
+                }
+            case .failure(let error):
+                done(.failure(error))
+            }
+        }
     }
 
     /// A user without a row yet: computed, stored and returned now, or a 404 saying why there is nothing.
@@ -31,21 +53,34 @@ struct ProfileMetricsController {
             logger.debug("Computed metrics on request")
             return Self.todayBody(latest)
         case .skipped(let reasons):
-            throw AppError(.notFound, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
+            throw Self.noMetrics(userID: userID, .invalidSettings(reasons))
         case .unknownUser:
-            throw AppError(.notFound, "no metrics: user \(userID) does not exist")
+            throw Self.noMetrics(userID: userID, .unknownUser)
+        }
+    }
+
+    /// The 404 of a user who has no metrics, saying why (the same words for the read and the acknowledgement).
+    static func noMetrics(userID: Int64, _ reason: NoMetricsReason) -> AppError {
+        switch reason {
+        case .unknownUser:
+            return AppError(.notFound, "no metrics: user \(userID) does not exist")
+        case .invalidSettings(let reasons):
+            return AppError(.notFound, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
+        case .notComputedYet:
+            return AppError(
+                .notFound,
+                "no metrics yet: nothing to acknowledge; GET /v1/profile/metrics/today computes and returns them")
         }
     }
 
     /// Acknowledges the metrics the user saw, named by version and `computedAt`.
-    @Sendable func acknowledge(request: Request, context: AppRequestContext) async throws -> JSONResponse {
-        let userID = try Self.user(context)
-        let body = try await request.body.collect(upTo: context.maxUploadSize)
-        let (version, computedAt) = try self.parseAcknowledgement(body)
+    @Sendable func acknowledge(_ request: EndpointRequest) async throws -> Reply {
+        let userID = try request.user()
+        let (version, computedAt) = try self.parseAcknowledgement(request.body)
         switch try await self.store.acknowledge(userID: userID, version: version, computedAt: computedAt) {
         case .acknowledged(let at, let version):
-            return JSONResponse(
-                body: JSONWriter.object([
+            return .json(
+                JSONWriter.object([
                     "success": .bool(true),
                     "data": .raw(
                         JSONWriter.object([
@@ -54,8 +89,10 @@ struct ProfileMetricsController {
                                 JSONWriter.object(["acknowledgedAt": .timestamp(at), "version": .int(Int64(version))])),
                         ])),
                 ]))
-        case .notCurrent, .noMetrics:
+        case .notCurrent:
             throw AppError(.notFound, "Your metrics have been updated. Please refresh and try again.")
+        case .noMetrics(let reason):
+            throw Self.noMetrics(userID: userID, reason)
         }
     }
 
@@ -88,12 +125,7 @@ struct ProfileMetricsController {
         return (version, computedAt)
     }
 
-    static func user(_ context: AppRequestContext) throws(AppError) -> Int64 {
-        guard let userID = context.userID else { throw AppError.unauthorized("missing bearer token") }
-        return userID
-    }
-
-    /// SPEC.md's body, field for field (the hot path: written straight into one string).
+    /// The latest-metrics body, field for field (written straight into one string: the busiest answer).
     static func todayBody(_ latest: LatestMetrics) -> String {
         let metrics = latest.metrics
         let explanations = Explanations(metrics)

@@ -18,8 +18,7 @@ import Testing
 
 // MARK: Serving the API in-process
 
-/// The router and server of the daemon (`buildRouter`, `buildHTTPServer`) served by a Hummingbird `Application`
-/// on a real TCP port.
+/// The daemon's own HTTP server (`buildHTTPServer`: the one request path of every endpoint) on a real TCP port.
 enum APIServer {
     static var jwtSecret: String { DaemonProcess.secrets.jwtSecret }
     static var adminToken: String { DaemonProcess.secrets.adminToken }
@@ -28,25 +27,43 @@ enum APIServer {
     static var quietLogger: Logger { Logger(label: "api-test") { _ in SwiftLogNoOpLogHandler() } }
 
     /// Serves the API with `store` until `body` returns; `body` gets the port.
+    /// - Parameter requestLog: which requests the request log writes to `logger` (default: none).
     static func run<T: Sendable>(
         store: any MetricsStore, jobs: RecomputeJobs? = nil, formula: MetricsFormula = .current,
         tokens: TokenConfiguration = TokenConfiguration(hmacSecret: APIServer.jwtSecret),
         adminToken: String? = APIServer.adminToken, logger: Logger = APIServer.quietLogger,
-        _ body: @escaping @Sendable (Int) async throws -> T
+        requestLog: RequestLogMode = .off, _ body: @escaping @Sendable (Int) async throws -> T
     ) async throws -> T {
         let verifier = try await TokenVerifier(tokens)
         let credentials = CredentialBox(.init(tokens: verifier, admin: adminToken.map { AdminTokenCheck(token: $0) }))
         let dependencies = HTTPDependencies(
-            store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil)
-        // The daemon's own server: Hummingbird's HTTP/1 pipeline with the deadline handler and the hot path.
-        let app = Application(
-            router: buildRouter(dependencies),
-            server: buildHTTPServer(dependencies, requestTimeout: .seconds(10), idleTimeout: .seconds(60), logger: logger),
-            configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: nil),
+            store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil,
+            requestLog: RequestLog(mode: requestLog, logger: logger))
+        let bound = AsyncStream<Int>.makeStream()
+        let server = buildHTTPServer(
+            dependencies, address: ListenAddress(host: "127.0.0.1", port: 0), requestTimeout: .seconds(10),
+            idleTimeout: .seconds(60),
+            onServerRunning: { channel in
+                bound.continuation.yield(channel.localAddress?.port ?? 0)
+                bound.continuation.finish()
+            },
             logger: logger)
-        return try await app.test(.live) { client in
-            let port = try #require(client.port)
-            return try await body(port)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                try await server.run()
+                return nil
+            }
+            var ports = bound.stream.makeAsyncIterator()
+            let port = try #require(await ports.next(), "the test server did not start")
+            let result: Result<T, any Error>
+            do {
+                result = .success(try await body(port))
+            } catch {
+                result = .failure(error)
+            }
+            try await server.shutdownGracefully()
+            for try await _ in group {}
+            return try result.get()
         }
     }
 
