@@ -1,4 +1,36 @@
-/// Plain-language explanations shown next to the numbers (SPEC.md: a sentence or two per metric).
+/// Where text is written: a `String`, or the bytes of a response body (the HTTP layer writes the explanations
+/// straight into the body, without building the sentences as strings first).
+public protocol TextSink {
+    /// Appends text known at compile time.
+    mutating func write(_ text: StaticString)
+    /// Appends a decimal integer.
+    mutating func write(decimal value: Int64)
+    /// Appends text.
+    mutating func write(_ text: String)
+}
+
+/// A `TextSink` that builds a `String`.
+public struct StringSink: TextSink {
+    public private(set) var text: String
+
+    public init(capacity: Int = 160) {
+        self.text = String()
+        self.text.reserveCapacity(capacity)
+    }
+
+    public mutating func write(_ text: StaticString) {
+        text.withUTF8Buffer { self.text += String(decoding: $0, as: UTF8.self) }
+    }
+
+    public mutating func write(decimal value: Int64) { self.text += String(value) }
+    public mutating func write(_ text: String) { self.text += text }
+}
+
+/// Plain-language explanations shown next to the numbers: a sentence or two per metric.
+///
+/// The sentences are written once, by the `write…` functions, into any `TextSink`; they hold no character that
+/// JSON needs escaped (a test checks every category and activity level), so a JSON writer may copy them as
+/// they are.
 public struct Explanations: Hashable, Sendable {
     public let bmi: String
     public let bmr: String
@@ -13,37 +45,61 @@ public struct Explanations: Hashable, Sendable {
     /// Explanations for stored metrics. `activityLevel` is the user's current level when known; the TDEE
     /// sentence names it then, and stays generic otherwise.
     public init(_ metrics: ComputedMetrics, activityLevel: ActivityLevel? = nil) {
-        // Appended into reserved strings rather than interpolated: these are in every response body.
+        var bmi = StringSink()
+        Self.writeBMI(metrics, into: &bmi)
+        var bmr = StringSink()
+        Self.writeBMR(metrics, into: &bmr)
+        var tdee = StringSink()
+        Self.writeTDEE(metrics, activityLevel: activityLevel, into: &tdee)
+        self.bmi = bmi.text
+        self.bmr = bmr.text
+        self.tdee = tdee.text
+    }
+
+    /// "Your BMI is 24.5, which the World Health Organization classifies as a healthy weight (18.5 to 24.9). …"
+    public static func writeBMI<Sink: TextSink>(_ metrics: ComputedMetrics, into sink: inout Sink) {
         let category = BMICategory(tenths: metrics.bmiTenths)
-        var bmi = String()
-        bmi.reserveCapacity(160)
-        bmi += "Your BMI is "
-        bmi += metrics.bmi.description
-        bmi += ", which the World Health Organization classifies as "
-        bmi += category.phrase
-        bmi += " ("
-        bmi += category.band
-        bmi += "). BMI compares weight with height and does not tell muscle from fat."
-        var bmr = String()
-        bmr.reserveCapacity(160)
-        bmr += "Your body uses about "
-        bmr += String(metrics.bmr)
-        bmr += " kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender)."
-        var tdee = String()
-        tdee.reserveCapacity(160)
-        tdee += "You burn about "
-        tdee += String(metrics.tdee)
+        sink.write("Your BMI is ")
+        Self.writeTenths(metrics.bmiTenths, into: &sink)
+        sink.write(", which the World Health Organization classifies as ")
+        sink.write(category.phrase)
+        sink.write(" (")
+        sink.write(category.band)
+        sink.write("). BMI compares weight with height and does not tell muscle from fat.")
+    }
+
+    /// "Your body uses about 1650 kcal a day at complete rest (…)."
+    public static func writeBMR<Sink: TextSink>(_ metrics: ComputedMetrics, into sink: inout Sink) {
+        sink.write("Your body uses about ")
+        sink.write(decimal: metrics.bmr)
+        sink.write(
+            " kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender)."
+        )
+    }
+
+    /// "You burn about 2475 kcal a day for your activity level (…). …"
+    public static func writeTDEE<Sink: TextSink>(
+        _ metrics: ComputedMetrics, activityLevel: ActivityLevel? = nil, into sink: inout Sink
+    ) {
+        sink.write("You burn about ")
+        sink.write(decimal: metrics.tdee)
         if let activityLevel {
-            tdee += " kcal a day for a "
-            tdee += activityLevel.phrase
-            tdee += " lifestyle"
+            sink.write(" kcal a day for a ")
+            sink.write(activityLevel.phrase)
+            sink.write(" lifestyle")
         } else {
-            tdee += " kcal a day for your activity level"
+            sink.write(" kcal a day for your activity level")
         }
-        tdee += " (total daily energy expenditure). Eating about this much keeps your weight stable."
-        self.bmi = bmi
-        self.bmr = bmr
-        self.tdee = tdee
+        sink.write(" (total daily energy expenditure). Eating about this much keeps your weight stable.")
+    }
+
+    /// A value in tenths as a decimal with one digit after the point ("24.5", "-0.5"), as `ComputedMetrics.bmi`
+    /// prints it.
+    public static func writeTenths<Sink: TextSink>(_ tenths: Int64, into sink: inout Sink) {
+        if tenths < 0 && tenths > -10 { sink.write("-") }
+        sink.write(decimal: tenths / 10)
+        sink.write(".")
+        sink.write(decimal: abs(tenths % 10))
     }
 }
 
@@ -63,7 +119,7 @@ public enum BMICategory: String, CaseIterable, Sendable {
         }
     }
 
-    public var phrase: String {
+    public var phrase: StaticString {
         switch self {
         case .underweight: "underweight"
         case .normal: "a healthy weight"
@@ -74,7 +130,7 @@ public enum BMICategory: String, CaseIterable, Sendable {
         }
     }
 
-    public var band: String {
+    public var band: StaticString {
         switch self {
         case .underweight: "below 18.5"
         case .normal: "18.5 to 24.9"

@@ -6,7 +6,6 @@ import Logging
 import MetricsdPostgres
 import MetricsdSystemd
 import NIOCore
-import NIOHTTPTypes
 import NIOPosix
 import Prometheus
 import ServiceLifecycle

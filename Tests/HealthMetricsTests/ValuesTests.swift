@@ -138,6 +138,29 @@ import Testing
         #expect(BMICategory(tenths: tenths) == category)
     }
 
+    /// The sentences go into JSON bodies unescaped: none holds a control character, a quote, a backslash or
+    /// U+2028/U+2029, for any BMI band and activity level, and the BMI is printed as `ComputedMetrics.bmi` prints it.
+    @Test func sentencesNeedNoJSONEscaping() {
+        let levels: [ActivityLevel?] = [nil] + ActivityLevel.allCases
+        for tenths in [Int64(0), 5, 99, 184, 185, 249, 250, 299, 300, 349, 350, 399, 400, 999, 1234] {
+            for level in levels {
+                let explanations = Explanations(
+                    ComputedMetrics(bmiTenths: tenths, bmr: 1650, tdee: 2475, version: 1), activityLevel: level)
+                for sentence in [explanations.bmi, explanations.bmr, explanations.tdee] {
+                    #expect(!sentence.unicodeScalars.contains {
+                        $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
+                    }, "\(sentence)")
+                }
+                #expect(explanations.bmi.hasPrefix("Your BMI is \(FixedPoint(units: tenths, scale: 1).description), "))
+            }
+        }
+        for tenths in Int64(-25)...25 {
+            var sink = StringSink()
+            Explanations.writeTenths(tenths, into: &sink)
+            #expect(sink.text == FixedPoint(units: tenths, scale: 1).description)
+        }
+    }
+
     @Test func sentencesNameTheNumbers() {
         let explanations = Explanations(ComputedMetrics(bmiTenths: 245, bmr: 1650, tdee: 2475, version: 1))
         #expect(explanations.bmi.contains("24.5"))

@@ -1,5 +1,6 @@
 import Foundation
 import HealthMetrics
+import NIOCore
 import Testing
 
 @testable import MetricsdApp
@@ -110,14 +111,16 @@ import Testing
         })
     }
 
-    /// The hand-written body of `GET …/today` is the JSON the generic writer makes, with and without an
-    /// acknowledgement.
+    /// The body of `GET …/today`, written byte by byte, is well-formed JSON with the values and the explanation
+    /// sentences, with and without an acknowledgement.
     @Test(arguments: [nil, Timestamp(millisecondsSinceEpoch: 1_761_748_245_123)])
     func todayBodyIsWellFormed(_ acknowledgedAt: Timestamp?) throws {
         let latest = LatestMetrics(
             metrics: ComputedMetrics(bmiTenths: 225, bmr: 1650, tdee: 2268, version: 1),
             computedAt: Timestamp(millisecondsSinceEpoch: 1_761_696_300_000), acknowledgedAt: acknowledgedAt)
-        let body = ProfileMetricsController.todayBody(latest)
+        let buffer = ProfileMetricsController.todayBody(latest)
+        let body = String(buffer: buffer)
+        #expect(body.hasSuffix("}\n"))
         let object = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
         #expect(object["success"] as? Bool == true)
         let data = try #require(object["data"] as? [String: Any])

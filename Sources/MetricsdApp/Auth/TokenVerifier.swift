@@ -58,6 +58,11 @@ public struct TokenError: Error, Equatable, Sendable, CustomStringConvertible {
 /// Parsing and claim checks are done here, on plain values; jwt-kit provides the keys and signature maths.
 public struct TokenVerifier: Sendable {
     private let algorithms: [String: any JWTAlgorithm]
+    /// HS256's HMAC, already keyed: each check copies it (copy-on-write state) instead of keying a new one.
+    /// Through jwt-kit's generic signer an HS256 check cost about as much as the rest of the request's token
+    /// handling together (a new HMAC keyed per token, conversions to and from `Data`); swift-crypto's HMAC is
+    /// used directly instead.
+    private let keyedHMAC: HMAC<SHA256>?
     private let issuer: String?
     private let audience: String?
     private let leeway: Int64
@@ -81,6 +86,7 @@ public struct TokenVerifier: Sendable {
             )
         }
         self.algorithms = algorithms
+        self.keyedHMAC = configuration.hmacSecret.map { HMAC<SHA256>(key: SymmetricKey(data: Array($0.utf8))) }
         self.issuer = configuration.issuer
         self.audience = configuration.audience
         self.leeway = Int64(configuration.leewaySeconds)
@@ -108,13 +114,11 @@ public struct TokenVerifier: Sendable {
     public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
         let parts = Self.threeParts(token)
         guard let parts, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
-        guard let headerData = Base64URL.decode(parts.header), let payloadData = Base64URL.decode(parts.payload),
-            let signature = Base64URL.decode(parts.signature)
-        else { throw TokenError("malformed token") }
         let alg: String
-        if let known = Self.commonHeaders[headerData] {
-            alg = known  // the usual header, byte for byte: no JSON parsing on the hot path
+        if let known = Self.commonHeader(parts.header) {
+            alg = known  // the usual header, character for character: nothing to decode
         } else {
+            guard let headerData = Base64URL.decode(parts.header) else { throw TokenError("malformed token") }
             // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
             guard JSONObjectNames.hasDuplicates(headerData) == false,
                 let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
@@ -127,8 +131,18 @@ public struct TokenVerifier: Sendable {
         guard let algorithm = self.algorithms[alg] else {
             throw TokenError("token algorithm \(Self.shown(alg)) is not accepted")
         }
-        let signingInput = Array(token.utf8.prefix(parts.header.utf8.count + 1 + parts.payload.utf8.count))
-        let valid = (try? algorithm.verify(signature, signs: signingInput)) ?? false
+        guard let payloadData = Base64URL.decode(parts.payload), let signature = Base64URL.decode(parts.signature)
+        else { throw TokenError("malformed token") }
+        let signed = parts.header.utf8.count + 1 + parts.payload.utf8.count
+        let valid: Bool
+        if alg == "HS256", var mac = self.keyedHMAC {
+            if token.utf8.withContiguousStorageIfAvailable({ mac.update(data: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed]))) }) == nil {
+                mac.update(data: Array(token.utf8.prefix(signed)))
+            }
+            valid = mac.finalize() == signature  // constant time
+        } else {
+            valid = (try? algorithm.verify(signature, signs: Array(token.utf8.prefix(signed)))) ?? false
+        }
         guard valid else { throw TokenError("invalid token signature") }
         // RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
         // refused, whichever reader would have read it.
@@ -174,19 +188,30 @@ public struct TokenVerifier: Sendable {
     /// One decoder for every token (decoding does not change it; `JSONDecoder` is safe to share).
     private static let decoder = JSONDecoder()
 
-    /// The headers token libraries write (compact JSON, `alg` and `typ` in either order, or `alg` alone) and
-    /// their algorithm. Any other header goes through the JSON decoder and the `crit` check.
-    private static let commonHeaders: [[UInt8]: String] = {
-        var headers: [[UInt8]: String] = [:]
+    /// The headers token libraries write (compact JSON, `alg` and `typ` in either order, or `alg` alone), base64url
+    /// encoded as they appear in tokens, and their algorithm. Any other header is decoded and goes through the
+    /// duplicate and `crit` checks.
+    private static let commonHeaders: [(encoded: String, alg: String)] = {
+        var headers: [(String, String)] = []
         for alg in ["HS256", "EdDSA", "ES256", "RS256"] {
             for json in [
                 #"{"alg":"\#(alg)","typ":"JWT"}"#, #"{"typ":"JWT","alg":"\#(alg)"}"#, #"{"alg":"\#(alg)"}"#,
             ] {
-                headers[Array(json.utf8)] = alg
+                let base64 = Data(json.utf8).base64EncodedString()
+                headers.append((base64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                    .replacingOccurrences(of: "=", with: ""), alg))
             }
         }
         return headers
     }()
+
+    /// The algorithm of one of the common headers, compared as encoded text (no decoding, no allocation).
+    static func commonHeader(_ encoded: Substring) -> String? {
+        for header in Self.commonHeaders where header.encoded.utf8.elementsEqual(encoded.utf8) {
+            return header.alg
+        }
+        return nil
+    }
 
     private static func shown(_ text: String) -> String {
         "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"
@@ -299,17 +324,19 @@ struct JWTClaims: Decodable, Equatable {
         guard index < count, bytes[index] == 0x7B else { return nil }
         index += 1
         skipSpace()
-        var seen = Set<String>()
+        // Names seen so far, as byte ranges (a claims set has a handful: compared byte by byte, no strings).
+        var seen: [Range<Int>] = []
         if index < count, bytes[index] == 0x7D {
             index += 1
         } else {
             while true {
                 guard index < count, bytes[index] == 0x22, let keyRange = plainString() else { return nil }
-                let key = String(decoding: bytes[keyRange], as: UTF8.self)
-                guard seen.insert(key).inserted else {
+                let key = bytes[keyRange]
+                guard !seen.contains(where: { bytes[$0].elementsEqual(key) }) else {
                     duplicate = true
                     return nil
                 }
+                seen.append(keyRange)
                 skipSpace()
                 guard index < count, bytes[index] == 0x3A else { return nil }
                 index += 1
@@ -318,7 +345,8 @@ struct JWTClaims: Decodable, Equatable {
                 let value: JSONScalar
                 if bytes[index] == 0x22 {
                     guard let range = plainString() else { return nil }
-                    value = .string(String(decoding: bytes[range], as: UTF8.self))
+                    // Only the registered claims (three-letter names) are kept: no string for the others.
+                    value = key.count == 3 ? .string(String(decoding: bytes[range], as: UTF8.self)) : .other
                 } else if bytes[index] >= 0x30, bytes[index] <= 0x39 {
                     let start = index
                     var number: Int64 = 0
@@ -334,15 +362,17 @@ struct JWTClaims: Decodable, Equatable {
                 } else {
                     return nil
                 }
-                switch key {
-                case "sub": self.sub = value
-                case "exp": self.exp = value
-                case "nbf": self.nbf = value
-                case "iss": self.iss = value
-                case "aud":
-                    guard case .string(let audience) = value else { return nil }
-                    self.aud = .values([audience])
-                default: break
+                if key.count == 3 {
+                    switch (key[key.startIndex], key[key.startIndex + 1], key[key.startIndex + 2]) {
+                    case (0x73, 0x75, 0x62): self.sub = value  // sub
+                    case (0x65, 0x78, 0x70): self.exp = value  // exp
+                    case (0x6E, 0x62, 0x66): self.nbf = value  // nbf
+                    case (0x69, 0x73, 0x73): self.iss = value  // iss
+                    case (0x61, 0x75, 0x64):  // aud
+                        guard case .string(let audience) = value else { return nil }
+                        self.aud = .values([audience])
+                    default: break
+                    }
                 }
                 skipSpace()
                 guard index < count else { return nil }

@@ -4,6 +4,7 @@ import HealthMetrics
 import Logging
 import MetricsdPostgres
 import NIOCore
+import NIOHTTP1
 import Synchronization
 
 /// The one path every HTTP request takes, whatever its route.
@@ -42,35 +43,35 @@ final class APIDispatcher: Sendable {
         self.logger = logger
     }
 
-    /// The answer to one request, handed to `completion` on `eventLoop` (exactly once).
+    /// The answer to one request, handed to `completion` on `eventLoop` (exactly once) with the request id.
     /// - Parameter bodyTooLarge: the body is (or is declared to be) over ``maxBodySize``; `body` is incomplete.
     func respond(
-        to head: HTTPRequest, body: ByteBuffer, bodyTooLarge: Bool, on eventLoop: any EventLoop,
-        completion: @escaping (HTTPResponse, ByteBuffer) -> Void
+        to head: HTTPRequestHead, body: ByteBuffer, bodyTooLarge: Bool, on eventLoop: any EventLoop,
+        completion: @escaping (Reply, String) -> Void
     ) {
         let started = ContinuousClock.now
-        let requestID = Self.requestID(from: head.headerFields[.requestID])
-        let finish = Finish(
-            dispatcher: self, method: head.method, requestID: requestID, started: started, completion: completion)
+        let fields = RequestFields(head.headers)
+        let method = HTTPRequest.Method(head.method)
+        let requestID = Self.requestID(from: fields.requestID)
+        let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: started, completion: completion)
         if bodyTooLarge {
             finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
             return
         }
         let endpoint: Endpoint
         let parameter: Substring?
-        switch self.routes.match(method: head.method, path: head.path ?? "/") {
+        switch self.routes.match(method: method, path: head.uri) {
         case .found(let found, let value):
             endpoint = found
             parameter = value
         case .methodNotAllowed(let allowed):
-            var error = AppError(.methodNotAllowed, "method \(head.method.rawValue) is not allowed here")
+            var error = AppError(.methodNotAllowed, "method \(method.rawValue) is not allowed here")
             error.headers[.allow] = allowed.joined(separator: ", ")
             finish(.error(error), route: "unmatched", userID: nil)
             return
         case .notFound:
-            let path = head.path ?? "/"
-            let message = "no such route: \(head.method.rawValue) \(Self.shownPath(path.split(separator: "?", maxSplits: 1).first.map(String.init) ?? path))"
-            finish(.error(AppError(.notFound, message)), route: "unmatched", userID: nil)
+            let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
+            finish(.error(AppError(.notFound, "no such route: \(method.rawValue) \(Self.shownPath(path))")), route: "unmatched", userID: nil)
             return
         }
         guard self.inFlight.enter(limit: self.maxInFlight) else {
@@ -83,9 +84,9 @@ final class APIDispatcher: Sendable {
             switch endpoint.access {
             case .open: break
             case .user:
-                userID = try self.authenticatedUser(head.headerFields[.authorization], requestID: requestID)
+                userID = try self.authenticatedUser(fields.authorization, requestID: requestID)
             case .admin:
-                let token = try bearerToken(head.headerFields[.authorization])
+                let token = try bearerToken(fields.authorization)
                 guard let check = self.credentials.current.admin, check.matches(token) else {
                     Self.requestLogger(self.logger, requestID: requestID, userID: nil).notice("Admin token refused")
                     throw AppError.unauthorized("invalid admin token")
@@ -145,26 +146,22 @@ final class APIDispatcher: Sendable {
         }
     }
 
-    /// Completes a request: the common headers, metrics, the request log line, then the connection's writer.
+    /// Completes a request: metrics, the request log line, then the connection's writer (which adds the common
+    /// headers as it writes the reply).
     private struct Finish {
         let dispatcher: APIDispatcher
         let method: HTTPRequest.Method
         let requestID: String
         let started: ContinuousClock.Instant
-        let completion: (HTTPResponse, ByteBuffer) -> Void
+        let completion: (Reply, String) -> Void
 
         func callAsFunction(_ reply: Reply, route: String, userID: Int64?) {
-            var fields = reply.headers
-            if fields[.contentType] == nil { fields[.contentType] = "application/json" }
-            fields[.contentLength] = String(reply.body.readableBytes)
-            fields[.requestID] = self.requestID
-            fields[.date] = HTTPDate.now()
             let status = reply.status.code
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(
                 method: self.method, route: route, status: status, started: self.started, userID: userID,
                 requestID: self.requestID)
-            self.completion(HTTPResponse(status: reply.status, headerFields: fields), reply.body)
+            self.completion(reply, self.requestID)
         }
     }
 
@@ -256,6 +253,53 @@ final class APIDispatcher: Sendable {
     static func shownPath(_ path: String) -> String {
         let printable = path.unicodeScalars.prefix(100).map { $0.value >= 0x21 && $0.value < 0x7f ? Character($0) : "?" }
         return String(printable) + (path.unicodeScalars.count > 100 ? "…" : "")
+    }
+}
+
+/// The few request headers the dispatcher reads, found in one pass. Repeated `Authorization` or `X-Request-Id`
+/// headers are joined with ", " (as HTTP joins repeated fields), so an ambiguous credential is never valid.
+struct RequestFields {
+    var authorization: String?
+    var requestID: String?
+
+    init(_ headers: HTTPHeaders) {
+        for (name, value) in headers {
+            if Self.equalsIgnoringCase(name, "authorization") {
+                self.authorization = self.authorization.map { $0 + ", " + value } ?? value
+            } else if Self.equalsIgnoringCase(name, "x-request-id") {
+                self.requestID = self.requestID.map { $0 + ", " + value } ?? value
+            }
+        }
+    }
+
+    /// ASCII case-insensitive comparison with a lowercase name (no allocation).
+    static func equalsIgnoringCase(_ name: String, _ lowercase: StaticString) -> Bool {
+        guard name.utf8.count == lowercase.utf8CodeUnitCount else { return false }
+        return lowercase.withUTF8Buffer { expected in
+            var index = 0
+            for byte in name.utf8 {
+                let folded = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
+                guard folded == expected[index] else { return false }
+                index += 1
+            }
+            return true
+        }
+    }
+}
+
+extension HTTPRequest.Method {
+    /// The method of a request NIO decoded.
+    init(_ method: NIOHTTP1.HTTPMethod) {
+        switch method {
+        case .GET: self = .get
+        case .POST: self = .post
+        case .PUT: self = .put
+        case .DELETE: self = .delete
+        case .HEAD: self = .head
+        case .OPTIONS: self = .options
+        case .PATCH: self = .patch
+        default: self = HTTPRequest.Method(method.rawValue) ?? HTTPRequest.Method("UNKNOWN")!
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 import HTTPTypes
 import Logging
 import NIOCore
+import NIOHTTP1
 
 /// One endpoint of the API, defined once: its method and path, who may call it, and what it does.
 ///
@@ -46,7 +47,7 @@ struct Endpoint: Sendable {
 
 /// What a handler sees of a request.
 struct EndpointRequest: Sendable {
-    let head: HTTPRequest
+    let head: HTTPRequestHead
     /// The body (at most 16 KiB; empty when there is none).
     let body: ByteBuffer
     /// The value of the template's `{name}` segment, when it has one.
@@ -60,7 +61,7 @@ struct EndpointRequest: Sendable {
     private let baseLogger: Logger
 
     init(
-        head: HTTPRequest, body: ByteBuffer, parameter: Substring?, requestID: String, userID: Int64?,
+        head: HTTPRequestHead, body: ByteBuffer, parameter: Substring?, requestID: String, userID: Int64?,
         eventLoop: any EventLoop, logger: Logger
     ) {
         self.head = head
@@ -83,8 +84,8 @@ struct EndpointRequest: Sendable {
     }
 }
 
-/// An answer: status, extra headers and body. `Content-Length`, `Date` and `X-Request-Id` are added by the
-/// dispatcher; `Content-Type` is JSON unless the reply names another.
+/// An answer: status, extra headers and body. `Content-Length`, `Date` and `X-Request-Id` are added when it is
+/// written; `Content-Type` is JSON unless the reply names another.
 struct Reply: Sendable {
     var status: HTTPResponse.Status
     var headers: HTTPFields

@@ -2,16 +2,13 @@ import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTP1
-import NIOHTTPTypes
-import NIOHTTPTypesHTTP1
 import NIOPosix
 
 /// The HTTP/1.1 server of the API: the daemon serves it, and so do the HTTP test suites.
 ///
-/// HummingbirdCore's server (bootstrap, connection limit, graceful quiescing as a `Service`) and its connection
-/// state handler (keep-alive, idle timeout, closing after the reply in flight on shutdown), with two handlers of
-/// ours: `RequestDeadlineHandler` (slow clients) and `HTTPConnectionHandler`, which hands every request to the
-/// one ``APIDispatcher``.
+/// HummingbirdCore's server (bootstrap, connection limit, graceful quiescing as a `Service`), NIO's HTTP/1
+/// request decoder, and `HTTPConnectionHandler`, which hands every request to the one ``APIDispatcher`` and writes
+/// the replies (keep-alive, deadlines for slow clients, closing on shutdown).
 ///
 /// - Parameters:
 ///   - endpoints: what the server answers (the API, or only `/metrics` for a separate metrics listener).
@@ -57,13 +54,10 @@ public struct MetricsdHTTPChannel: ServerChildChannel {
     public func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Connection> {
         channel.eventLoop.makeCompletedFuture {
             let pipeline = channel.pipeline.syncOperations
-            try pipeline.configureHTTPServerPipeline(
-                withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false,
-                withEncoderConfiguration: .init(), withDecoderLimitConfiguration: Self.decoderLimits)
-            try pipeline.addHandler(HTTP1ToHTTPServerCodec(secure: false))
-            try pipeline.addHandler(RequestDeadlineHandler(requestTimeout: self.requestTimeout, idleTimeout: self.idleTimeout))
-            try pipeline.addHandler(HTTPConnectionStateHandler(idleTimeout: Duration(self.idleTimeout), logger: logger))
-            try pipeline.addHandler(HTTPConnectionHandler(dispatcher: self.dispatcher))
+            try pipeline.addHandler(ByteToMessageHandler(HTTPRequestDecoder(limitConfiguration: Self.decoderLimits)))
+            try pipeline.addHandler(
+                HTTPConnectionHandler(
+                    dispatcher: self.dispatcher, requestTimeout: self.requestTimeout, idleTimeout: self.idleTimeout))
             return Connection(channel: channel)
         }
     }
@@ -78,4 +72,19 @@ public struct MetricsdHTTPChannel: ServerChildChannel {
             channel.close(promise: nil)
         }
     }
+}
+
+/// Stops accepting new connections while `limit` are open (they wait in the listen backlog), so a connection
+/// flood cannot exhaust file descriptors or memory.
+struct MaximumConnections: AvailableConnectionsDelegate {
+    let limit: Int
+    private var open = 0
+
+    init(_ limit: Int) {
+        self.limit = limit
+    }
+
+    mutating func connectionOpened() { self.open += 1 }
+    mutating func connectionClosed() { self.open -= 1 }
+    func isAcceptingNewConnections() -> Bool { self.open < self.limit }
 }

@@ -31,11 +31,11 @@ struct ProfileMetricsController {
         store.latestMetrics(userID: userID) { result in
             switch result {
             case .success(.some(let latest)):
-                request.eventLoop.execute { done(.success(.json(Self.todayBody(latest)))) }
+                request.eventLoop.execute { done(.success(Reply(body: Self.todayBody(latest)))) }
             case .success(.none):
                 Task {
                     do {
-                        done(.success(.json(try await Self.computeNowBody(userID: userID, store: store, logger: request.logger))))
+                        done(.success(Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger))))
                     } catch {
                         done(.failure(error))
                     }
@@ -47,7 +47,7 @@ struct ProfileMetricsController {
     }
 
     /// A user without a row yet: computed, stored and returned now, or a 404 saying why there is nothing.
-    static func computeNowBody(userID: Int64, store: any MetricsStore, logger: Logger) async throws -> String {
+    static func computeNowBody(userID: Int64, store: any MetricsStore, logger: Logger) async throws -> ByteBuffer {
         switch try await store.computeNow(userID: userID) {
         case .computed(let latest):
             logger.debug("Computed metrics on request")
@@ -125,37 +125,78 @@ struct ProfileMetricsController {
         return (version, computedAt)
     }
 
-    /// The latest-metrics body, field for field (written straight into one string: the busiest answer).
-    static func todayBody(_ latest: LatestMetrics) -> String {
+    /// The latest-metrics body, field for field, written straight into the bytes of the reply (the busiest
+    /// answer: no intermediate strings), ended by a newline.
+    static func todayBody(_ latest: LatestMetrics) -> ByteBuffer {
         let metrics = latest.metrics
-        let explanations = Explanations(metrics)
-        let version = String(metrics.version)
-        var writer = JSONWriter(capacity: 1024)
-        writer.raw(#"{"success":true,"data":{"metrics":{"bmi":"#)
-        writer.raw(metrics.bmi.description)
-        writer.raw(#","bmr":"#)
-        writer.raw(String(metrics.bmr))
-        writer.raw(#","tdee":"#)
-        writer.raw(String(metrics.tdee))
-        writer.raw(#","computedAt":""#)
-        writer.raw(latest.computedAt.iso8601)
-        writer.raw(#"","version":"#)
-        writer.raw(version)
-        writer.raw(#"},"explanations":{"bmi":"#)
-        writer.writeString(explanations.bmi)
-        writer.raw(#","bmr":"#)
-        writer.writeString(explanations.bmr)
-        writer.raw(#","tdee":"#)
-        writer.writeString(explanations.tdee)
+        var body = BodySink(ByteBufferAllocator().buffer(capacity: 768))
+        body.write(#"{"success":true,"data":{"metrics":{"bmi":"#)
+        Explanations.writeTenths(metrics.bmiTenths, into: &body)
+        body.write(#","bmr":"#)
+        body.write(decimal: metrics.bmr)
+        body.write(#","tdee":"#)
+        body.write(decimal: metrics.tdee)
+        body.write(#","computedAt":""#)
+        body.write(timestamp: latest.computedAt)
+        body.write(#"","version":"#)
+        body.write(decimal: Int64(metrics.version))
+        // The sentences hold nothing JSON must escape (ValuesTests checks every one), so they go in as they are.
+        body.write(#"},"explanations":{"bmi":""#)
+        Explanations.writeBMI(metrics, into: &body)
+        body.write(#"","bmr":""#)
+        Explanations.writeBMR(metrics, into: &body)
+        body.write(#"","tdee":""#)
+        Explanations.writeTDEE(metrics, into: &body)
         if let acknowledgedAt = latest.acknowledgedAt {
-            writer.raw(#"},"acknowledged":true,"acknowledgement":{"acknowledgedAt":""#)
-            writer.raw(acknowledgedAt.iso8601)
-            writer.raw(#"","version":"#)
-            writer.raw(version)
-            writer.raw("}}}")
+            body.write(#""},"acknowledged":true,"acknowledgement":{"acknowledgedAt":""#)
+            body.write(timestamp: acknowledgedAt)
+            body.write(#"","version":"#)
+            body.write(decimal: Int64(metrics.version))
+            body.write("}}}\n")
         } else {
-            writer.raw(#"},"acknowledged":false,"acknowledgement":null}}"#)
+            body.write(#""},"acknowledged":false,"acknowledgement":null}}"#)
+            body.write("\n")
         }
-        return writer.text
+        return body.buffer
+    }
+}
+
+/// Writes text into a `ByteBuffer`.
+struct BodySink: TextSink {
+    var buffer: ByteBuffer
+
+    init(_ buffer: ByteBuffer) {
+        self.buffer = buffer
+    }
+
+    mutating func write(_ text: StaticString) {
+        text.withUTF8Buffer { _ = self.buffer.writeBytes($0) }
+    }
+
+    mutating func write(decimal value: Int64) {
+        // At most 20 characters, written backwards into a stack buffer, then copied once.
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { digits in
+            var magnitude = value.magnitude
+            var index = 20
+            repeat {
+                index -= 1
+                digits[index] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+            } while magnitude > 0
+            if value < 0 {
+                index -= 1
+                digits[index] = UInt8(ascii: "-")
+            }
+            _ = self.buffer.writeBytes(UnsafeBufferPointer(rebasing: digits[index..<20]))
+        }
+    }
+
+    mutating func write(_ text: String) {
+        self.buffer.writeString(text)
+    }
+
+    /// An ISO 8601 instant with milliseconds.
+    mutating func write(timestamp: Timestamp) {
+        self.buffer.writeString(timestamp.iso8601)
     }
 }
