@@ -30,16 +30,28 @@ public enum LogRedaction {
         return result
     }
 
-    /// Whether values under `key` must never be logged.
+    /// Whether values under `key` must never be logged. (ASCII case folding over the key's bytes: this runs for
+    /// every metadata key of every record, so it allocates nothing.)
     public static func isSensitiveKey(_ key: String) -> Bool {
-        let lowered = key.lowercased()
-        return self.sensitiveKeyParts.contains { lowered.contains($0) }
+        var key = key
+        return key.withUTF8 { bytes in
+            Self.sensitiveKeyBytes.contains { part in
+                guard bytes.count >= part.count else { return false }
+                return (0...(bytes.count - part.count)).contains { start in
+                    part.indices.allSatisfy { bytes[start + $0] | 0x20 == part[$0] }
+                }
+            }
+        }
     }
+
+    private static let sensitiveKeyBytes = sensitiveKeyParts.map { Array($0.utf8) }
 
     /// `text` with bearer credentials and JWTs replaced.
     public static func scrub(_ text: String) -> String {
+        var text = text
+        // Most values hold no secret: looked at in place, copied only when one may be there.
+        guard text.withUTF8({ Self.mayContainSecret($0) }) else { return text }
         let bytes = Array(text.utf8)
-        guard Self.mayContainSecret(bytes) else { return text }
         var output = [UInt8]()
         output.reserveCapacity(bytes.count)
         var index = 0
@@ -78,7 +90,7 @@ public enum LogRedaction {
     // MARK: - Scanning
 
     /// A cheap pre-check: a JWT contains `eyJ`, a bearer credential the letters of "bearer".
-    private static func mayContainSecret(_ bytes: [UInt8]) -> Bool {
+    private static func mayContainSecret(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         for index in bytes.indices where bytes[index] | 0x20 == UInt8(ascii: "b") || bytes[index] == UInt8(ascii: "e") {
             if Self.matches(bytes, at: index, "bearer", caseInsensitive: true) || Self.matches(bytes, at: index, "eyJ") {
                 return true
@@ -131,7 +143,9 @@ public enum LogRedaction {
         return position
     }
 
-    private static func matches(_ bytes: [UInt8], at index: Int, _ word: StaticString, caseInsensitive: Bool = false) -> Bool {
+    private static func matches<Bytes: RandomAccessCollection<UInt8>>(
+        _ bytes: Bytes, at index: Int, _ word: StaticString, caseInsensitive: Bool = false
+    ) -> Bool where Bytes.Index == Int {
         let count = word.utf8CodeUnitCount
         guard index + count <= bytes.count else { return false }
         return word.withUTF8Buffer { expected in

@@ -55,6 +55,7 @@ public struct TextLogHandler: LogHandler {
     /// The value as is, or in double quotes with `"` and `\` escaped when it is empty or contains blanks,
     /// quotes, `=` or control characters.
     static func quoteIfNeeded(_ value: String) -> String {
+        if Self.isPlainASCII(value, allowingBlanks: false) { return value }
         let needsQuotes =
             value.isEmpty
             || value.unicodeScalars.contains { scalar in
@@ -75,6 +76,7 @@ public struct TextLogHandler: LogHandler {
 
     /// Control characters as `\n`, `\r`, `\t` or `\u{…}`, so a record stays on one line.
     static func escapeControls(_ text: String) -> String {
+        if Self.isPlainASCII(text, allowingBlanks: true) { return text }
         guard text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else { return text }
         var escaped = ""
         for scalar in text.unicodeScalars {
@@ -91,5 +93,19 @@ public struct TextLogHandler: LogHandler {
             }
         }
         return escaped
+    }
+
+    /// Whether `text` is non-empty printable ASCII (blanks only when `allowingBlanks`), with no `"` or `=`
+    /// when blanks are not allowed: the common case, told from the bytes without looking at Unicode properties.
+    static func isPlainASCII(_ text: String, allowingBlanks: Bool) -> Bool {
+        var text = text
+        return text.withUTF8 { bytes in
+            guard !bytes.isEmpty else { return false }
+            for byte in bytes {
+                guard byte > 0x20 || (allowingBlanks && byte == 0x20), byte < 0x7F else { return false }
+                if !allowingBlanks, byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "=") { return false }
+            }
+            return true
+        }
     }
 }

@@ -139,7 +139,7 @@ public struct TokenVerifier: Sendable {
             if token.utf8.withContiguousStorageIfAvailable({ mac.update(data: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed]))) }) == nil {
                 mac.update(data: Array(token.utf8.prefix(signed)))
             }
-            valid = mac.finalize() == signature  // constant time
+            valid = Self.constantTimeEqual(mac.finalize(), signature)
         } else {
             valid = (try? algorithm.verify(signature, signs: Array(token.utf8.prefix(signed)))) ?? false
         }
@@ -191,15 +191,16 @@ public struct TokenVerifier: Sendable {
     /// The headers token libraries write (compact JSON, `alg` and `typ` in either order, or `alg` alone), base64url
     /// encoded as they appear in tokens, and their algorithm. Any other header is decoded and goes through the
     /// duplicate and `crit` checks.
-    private static let commonHeaders: [(encoded: String, alg: String)] = {
-        var headers: [(String, String)] = []
+    private static let commonHeaders: [(bytes: [UInt8], alg: String)] = {
+        var headers: [([UInt8], String)] = []
         for alg in ["HS256", "EdDSA", "ES256", "RS256"] {
             for json in [
                 #"{"alg":"\#(alg)","typ":"JWT"}"#, #"{"typ":"JWT","alg":"\#(alg)"}"#, #"{"alg":"\#(alg)"}"#,
             ] {
                 let base64 = Data(json.utf8).base64EncodedString()
-                headers.append((base64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-                    .replacingOccurrences(of: "=", with: ""), alg))
+                let base64URL = base64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                    .replacingOccurrences(of: "=", with: "")
+                headers.append((Array(base64URL.utf8), alg))
             }
         }
         return headers
@@ -207,10 +208,26 @@ public struct TokenVerifier: Sendable {
 
     /// The algorithm of one of the common headers, compared as encoded text (no decoding, no allocation).
     static func commonHeader(_ encoded: Substring) -> String? {
-        for header in Self.commonHeaders where header.encoded.utf8.elementsEqual(encoded.utf8) {
-            return header.alg
+        let found = encoded.utf8.withContiguousStorageIfAvailable { bytes -> String? in
+            for header in Self.commonHeaders where header.bytes.count == bytes.count {
+                if header.bytes.withUnsafeBufferPointer({ memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0 }) {
+                    return header.alg
+                }
+            }
+            return nil
         }
-        return nil
+        if let found { return found }
+        return Self.commonHeaders.first { $0.bytes.elementsEqual(encoded.utf8) }?.alg
+    }
+
+    /// Whether a MAC equals the presented signature, in time that depends only on their lengths.
+    static func constantTimeEqual(_ mac: HashedAuthenticationCode<SHA256>, _ signature: [UInt8]) -> Bool {
+        mac.withUnsafeBytes { computed in
+            guard computed.count == signature.count else { return false }
+            var difference: UInt8 = 0
+            for index in 0..<computed.count { difference |= computed[index] ^ signature[index] }
+            return difference == 0
+        }
     }
 
     private static func shown(_ text: String) -> String {
