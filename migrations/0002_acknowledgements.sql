@@ -1,4 +1,4 @@
--- What the user saw and confirmed (SPEC.md, seeds 001/004). One row per user: the latest acknowledgement.
+-- What the user saw and confirmed. One row per user: the latest acknowledgement.
 -- It counts only while the user's latest metrics row still has this version and computed_at; a recomputation
 -- moves computed_at forward, so changed metrics are unacknowledged again without touching this table.
 CREATE TABLE metrics_acknowledgements (

@@ -27,7 +27,7 @@ public struct MetricsFormula: Hashable, Sendable {
     /// The version written to `profile_metrics.version`.
     public let version: Int
 
-    /// Version 1 (SPEC.md).
+    /// Version 1: BMI = kg / m², Mifflin-St Jeor BMR, TDEE = BMR × activity factor.
     public static let v1 = MetricsFormula(version: 1)
 
     /// **The** formula version of this build. Bump it (and the maths below, if they change) to ship new formulas;

@@ -26,7 +26,7 @@ public enum ActivityLevel: String, CaseIterable, Sendable {
     public var phrase: String { self.rawValue.replacingUnderscores() }
 }
 
-/// One user's settings exactly as stored: every value may be missing or wrong (SPEC.md).
+/// One user's settings exactly as stored: every value may be missing or wrong.
 ///
 /// This is the input of validation; nothing here has been checked yet.
 public struct RawSettings: Hashable, Sendable {

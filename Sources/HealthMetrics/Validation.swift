@@ -30,7 +30,7 @@ public enum Validation: Hashable, Sendable {
     case skipped([SkipReason])
 }
 
-/// The valid input ranges (SPEC.md): weight 30–300 kg, height 100–250 cm, age 13–120.
+/// The valid input ranges: weight 30–300 kg, height 100–250 cm, age 13–120.
 public enum ValidRange {
     public static let weightKilograms: ClosedRange<Int64> = 30...300
     public static let heightCentimetres: ClosedRange<Int64> = 100...250

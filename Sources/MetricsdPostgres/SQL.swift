@@ -9,8 +9,8 @@ enum SQL {
     /// Each time zone in use, whether the database knows it, its local time now, and its **due date**: the latest
     /// local date whose daily time has passed, `local_now::date - (local_now::time < daily_at)`.
     ///
-    /// Evaluated on the database's clock and tz rules. This wall-clock predicate gives exactly the semantics of
-    /// SPEC.md: the run falls due at the first instant at or after D + daily time local; in a DST gap that is the
+    /// Evaluated on the database's clock and tz rules. This wall-clock predicate gives exactly the rule
+    /// of the daily schedule: the run falls due at the first instant at or after D + daily time local; in a DST gap that is the
     /// first instant after the gap (local time jumps past the daily time); in an overlap the date is already
     /// due at the first occurrence and the (zone, date, version) key makes the second one a no-op.
     /// Zones PostgreSQL does not know follow UTC, so their users are still listed as skipped once a day.
@@ -270,7 +270,7 @@ enum SQL {
         /// Recompute jobs: a user who already has the row is left alone.
         case keep
         /// Settings changes and on-demand computation: also refresh a row computed before the settings last
-        /// changed, moving `computed_at` forward (SPEC.md).
+        /// changed, moving `computed_at` forward.
         case refreshIfStale
     }
 

@@ -1,7 +1,7 @@
 import HealthMetrics
 import Testing
 
-/// Formulas version 1 (SPEC.md), on hand-checked cases. Expected values were worked out by hand with exact
+/// Formulas version 1, on hand-checked cases. Expected values were worked out by hand with exact
 /// decimals (e.g. case 1: BMR = 10·70 + 6.25·175 − 5·30 + 5 = 1648.75 → 1649; TDEE = 1648.75 × 1.55 =
 /// 2555.5625 → 2556; BMI = 70 / 1.75² = 22.857… → 22.9) and cross-checked with Python's `decimal` module
 /// (ROUND_HALF_UP). Several cases sit exactly on a rounding half.

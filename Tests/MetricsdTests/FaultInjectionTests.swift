@@ -6,7 +6,7 @@ import NIOPosix
 import Synchronization
 import Testing
 
-/// Issue 7: the real `metricsd` binary and the real PostgreSQL under faults — killed daemons, a restarted database,
+/// The real `metricsd` binary and the real PostgreSQL under faults — killed daemons, a restarted database,
 /// cut connections, racing instances, SIGTERM mid-chunk, HTTP overload, bad data at scale and a database out of
 /// connections. Every scenario ends with the same ``Invariant`` check and prints its one-line figure,
 /// `scenario: faults injected N, rows checked M, lost 0, duplicated 0`.

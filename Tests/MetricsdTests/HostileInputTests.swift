@@ -7,7 +7,7 @@ import MetricsdPostgres
 import NIOCore
 import Testing
 
-/// Issue 6, hostile input: 413 over 16 KiB, slow and idle connections closed, `X-Request-Id` round trip,
+/// Hostile input: 413 over 16 KiB, slow and idle connections closed, `X-Request-Id` round trip,
 /// malformed and hostile input answered 400 (never 500) with nothing leaked, real faults as 500 with the
 /// correlation id (body, header, log), and a database that is down as 503 with `Retry-After`.
 @Suite struct HostileInputTests {
@@ -235,7 +235,7 @@ import Testing
     // MARK: Malformed and hostile input
 
     /// Hand-picked hostile bodies, paths and headers, then a seeded random fuzz of acknowledgement bodies: never a
-    /// 5xx, always SPEC.md's bodies, nothing leaked, nothing changed in the database but acknowledgements.
+    /// 5xx, always the documented error bodies, nothing leaked, nothing changed in the database but acknowledgements.
     @Test func hostileInputIs4xxNever5xx() async throws {
         try await Self.withUserAndMetrics { database in
             try await APIServer.run(database: database) { port in
@@ -369,7 +369,7 @@ import Testing
                 }
                 #expect((fuzzStatuses[400] ?? 0) > fuzzCount / 2, "\(fuzzStatuses)")
 
-                // Never a 5xx; every error is SPEC.md's body with a request id; nothing leaks anywhere.
+                // Never a 5xx; every error is the documented error body with a request id; nothing leaks anywhere.
                 for (name, reply) in replies {
                     #expect(reply.status < 500, "\(name.prefix(200)): \(reply)")
                     if reply.status >= 400 { expectErrorBody(reply, status: reply.status) } else { expectNoLeak(reply) }

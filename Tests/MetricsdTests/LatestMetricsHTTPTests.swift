@@ -4,12 +4,12 @@ import HealthMetrics
 import MetricsdPostgres
 import Testing
 
-/// Issue 2, HTTP: `GET /v1/profile/metrics/today` over real HTTP against the real database, field for field as
-/// SPEC.md writes it, and every kind of 401.
+/// HTTP: `GET /v1/profile/metrics/today` over real HTTP against the real database, field for field as
+/// the API document writes it, and every kind of 401.
 @Suite struct LatestMetricsHTTPTests {
     static let path = "/v1/profile/metrics/today"
 
-    /// Checks the SPEC.md body shape (exact key sets at every level, types); returns `data`.
+    /// Checks the documented body shape (exact key sets at every level, types); returns `data`.
     @discardableResult
     static func expectTodayShape(_ reply: Reply, sourceLocation: SourceLocation = #_sourceLocation) throws -> JSONValue {
         #expect(reply.status == 200, "\(reply)", sourceLocation: sourceLocation)
@@ -196,7 +196,7 @@ import Testing
         }
     }
 
-    /// Every bad-token kind: SPEC.md's error body with 401, and `WWW-Authenticate: Bearer`.
+    /// Every bad-token kind: the documented error body with 401, and `WWW-Authenticate: Bearer`.
     @Test func everyBadTokenKindIs401() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])

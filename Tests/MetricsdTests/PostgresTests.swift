@@ -163,6 +163,28 @@ import Testing
         #expect(error?.message.contains(edited[1].name) == true)
     }
 
+    /// 0001 and 0002 had their first comment line reworded after release: a database that recorded the checksums
+    /// of the earlier texts still starts, and a checksum that is neither is still refused.
+    @Test func rewordedMigrationCommentsAreAccepted() async throws {
+        let (name, url) = try await Self.freshDatabase()
+        defer { Task { await Self.drop(name) } }
+        _ = try await Self.migrate(url)
+        let settings = try ConnectionSettings(conninfo: url, environment: [:])
+        func record(_ checksums: [String: String]) async throws {
+            try await TestDatabase.blocking.runIfActive {
+                let connection = try PostgresConnection(settings: settings)
+                for (migration, checksum) in checksums {
+                    _ = try connection.query("UPDATE metricsd_migrations SET checksum = $2 WHERE name = $1", [migration, checksum])
+                }
+            }
+        }
+        #expect(Migrator.rewordedChecksums.count == 2)
+        try await record(Migrator.rewordedChecksums.mapValues { $0.first! })
+        #expect(try await Self.migrate(url) == [])
+        try await record(["0002_acknowledgements.sql": String(repeating: "0", count: 64)])
+        await #expect(throws: MigrationError.self) { try await Self.migrate(url) }
+    }
+
     @Test func firstMigrationIsExactlyTheContract() throws {
         let first = try #require(Migration.all.first)
         #expect(first.name == "0001_initial.sql")

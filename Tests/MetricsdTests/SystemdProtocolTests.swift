@@ -11,7 +11,7 @@ import NotifyTestSupport
 
 /// The test acts as systemd's service manager: it binds the notify socket (abstract `@name` or a socket file),
 /// runs the real `metricsd serve` with `NOTIFY_SOCKET` (and `WATCHDOG_USEC` …) and checks what arrives, with the
-/// kernel's `SO_PASSCRED` pid of every sender (issue 3, "What it must show"; notes/systemd.md §3).
+/// kernel's `SO_PASSCRED` pid of every sender (the manager side of the notify protocol, as systemd implements it).
 @Suite struct SystemdProtocolTests {
     // MARK: The whole life
 

@@ -1163,7 +1163,7 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         ck.call(f"200 for valid user {uid} ({VALID_USERS[uid][0]})", "GET", today, expect=200, token=tok(uid),
                 then=today_semantics(uid))
     m = metrics_of.get(1001)
-    if m and m["version"] == 1:  # SPEC formulas, version 1: UTC, born 1990-05-17, 80 kg, 180 cm, male, 1.55.
+    if m and m["version"] == 1:  # formulas, version 1: UTC, born 1990-05-17, 80 kg, 180 cm, male, 1.55.
         from datetime import datetime, timedelta, timezone
 
         today_utc = datetime.now(timezone.utc).date()

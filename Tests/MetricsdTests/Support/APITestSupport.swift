@@ -227,7 +227,7 @@ func isISOMilliseconds(_ text: String?) -> Bool {
 
 // MARK: Error bodies
 
-/// Checks SPEC.md's error body (`{"error": "message", "statusCode": N}`, exactly those keys), the JSON content
+/// Checks the API's error body (`{"error": "message", "statusCode": N}`, exactly those keys), the JSON content
 /// type, an `X-Request-Id`, and that nothing leaks (SQL, stack, file path, secret). Returns the message.
 @discardableResult
 func expectErrorBody(

@@ -102,7 +102,7 @@ struct FaultDatabase: Sendable {
     }
 }
 
-/// The closing check of every fault-injection scenario (issue 7), the same for all of them.
+/// The closing check of every fault-injection scenario, the same for all of them.
 ///
 /// What rows *should* exist is read from the work the daemons were given: every daily unit that is not superseded
 /// (pending, running or done; a unit that exists must be finished, so its missing rows count as lost) means "every
