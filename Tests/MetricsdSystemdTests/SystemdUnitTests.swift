@@ -47,7 +47,7 @@ import Testing
     @Test func verifyPrintsNothing() throws {
         let analyze = try Self.systemdAnalyze()
         let original = try String(contentsOf: Self.unitFile, encoding: .utf8)
-        let prefix = "ExecStart=/usr/local/bin/metricsd "
+        let prefix = "ExecStart=/usr/bin/metricsd "
         var lines = original.components(separatedBy: "\n")
         let index = try #require(lines.firstIndex { $0.hasPrefix(prefix) }, "no `\(prefix)…` line in the unit")
         lines[index] = "ExecStart=/bin/true " + lines[index].dropFirst(prefix.count)
