@@ -57,7 +57,7 @@ import Testing
         }
         let root = try await Self.metricsd(["help"])
         #expect(root.stdout.contains("check-config"))
-        #expect(root.stdout.contains("EXIT CODES:\n  0     success"))
+        #expect(root.stdout.contains("EXIT CODES:\n  0   success"))
 
         let status = try await Self.metricsd(["status", "--help"])
         #expect(status.status == 0)

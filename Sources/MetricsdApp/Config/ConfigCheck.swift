@@ -199,7 +199,7 @@ public struct ConfigCheck: Sendable {
     public var problemLines: [String] { self.problems.map { "metricsd: \($0.setting): \($0.problem)" } }
 
     public var summaryText: String {
-        let width = (self.summary.map(\.label.count).max() ?? 0) + 2
+        let width = 14
         let head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
         return ([head] + self.summary.map { "  " + ($0.label + ":").padding(toLength: width, withPad: " ", startingAt: 0) + $0.text })
             .joined(separator: "\n")
