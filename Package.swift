@@ -54,11 +54,15 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
+        // The git commit, stamped before each build (metricsd --version).
+        .plugin(name: "BuildStampPlugin", capability: .buildTool(), path: "Sources/BuildStampPlugin"),
+        .target(name: "MetricsdBuildStamp", plugins: ["BuildStampPlugin"]),
+
         // Everything testable above the adapters: configuration, HTTP, services, log formats.
         .target(
             name: "MetricsdApp",
             dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdBuildStamp", "MetricsdPostgres", "MetricsdSystemd",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),

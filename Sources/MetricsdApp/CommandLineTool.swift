@@ -22,7 +22,7 @@ public struct CommandLineTool: Sendable {
         let environment: [String: String]
         let configuration: Configuration
         do {
-            environment = try ConfigFile.merge(into: ProcessInfo.processInfo.environment)
+            environment = try ConfigFile.merge(into: HostEnvironment(ProcessInfo.processInfo.environment).environment)
             configuration = try Configuration(environment: environment)
         } catch {
             throw Failure("configuration error: \(error)")
@@ -224,8 +224,15 @@ public struct CommandLineTool: Sendable {
     // MARK: healthcheck
 
     /// `GET /readyz` on the running daemon: 0 when ready, else 1 and a one-line reason on stderr.
-    public static func healthcheck(address: String?, timeout: Double, environment: [String: String]) async -> Int32 {
-        let text = address ?? environment["METRICSD_LISTEN"] ?? "127.0.0.1:8080"
+    public static func healthcheck(address: String?, timeout: Double, environment base: [String: String]) async -> Int32 {
+        let environment: [String: String]
+        do {
+            environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
+        } catch {
+            FileHandle.standardError.write(Data("not ready: configuration error: \(error)\n".utf8))
+            return 1
+        }
+        let text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
         guard let listen = ListenAddress(parsing: text) else {
             FileHandle.standardError.write(Data("not ready: '\(text)' is not host:port\n".utf8))
             return 1

@@ -26,7 +26,7 @@ public enum Daemon {
         let environment: [String: String]
         let configuration: Configuration
         do {
-            environment = try ConfigFile.merge(into: base)
+            environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
             configuration = try Configuration(environment: environment)
         } catch {
             return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)

@@ -7,13 +7,30 @@ struct Metricsd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "metricsd",
         abstract: "Daily health metrics (BMI, BMR, TDEE) for every user, at 00:05 in their own time zone.",
-        discussion: "Configuration comes from the environment and systemd credentials; see the README.",
-        version: BuildInfo.version,
+        discussion: "Without a command, metricsd serves. Settings and files: see ENVIRONMENT below and man 8 metricsd.",
+        version: BuildInfo.versionText,
         subcommands: [
             Serve.self, Migrate.self, RecomputeAll.self, RecomputeStatus.self, RecomputeCancel.self, Skipped.self,
-            Status.self, Healthcheck.self,
+            Status.self, Healthcheck.self, CheckConfig.self, GenerateDocs.self,
         ],
         defaultSubcommand: Serve.self)
+
+    /// ArgumentParser's entry point, after ``CommandLineFront`` has handled what it would get wrong: an unknown
+    /// command (else parsed as arguments of the default command, `serve`) and help (with the environment).
+    static func main() async {
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        if let code = CommandLineFront.handle(arguments) { CommandLineFront.terminate(code) }
+        do {
+            var command = try Self.parseAsRoot(arguments)
+            if var command = command as? any AsyncParsableCommand {
+                try await command.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            Self.exit(withError: error)
+        }
+    }
 }
 
 struct Serve: AsyncParsableCommand {
@@ -92,15 +109,21 @@ struct RecomputeCancel: AsyncParsableCommand {
 struct Skipped: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List users who got no metrics, and why.")
 
-    @Option(help: "How many users to list (newest first).")
-    var limit = 50
+    // A string, checked in validate(): as an Int, "--limit -1" read "-1" as an option ("Missing value").
+    @Option(parsing: .unconditional, help: "How many users to list, newest first (1-10000).")
+    var limit = "50"
 
     @Flag(help: "Print JSON.")
     var json = false
 
+    func validate() throws {
+        _ = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000)
+    }
+
     func run() async throws {
+        let limit = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000)
         try await CommandLineTool.run { tool in
-            try await tool.skipped(limit: self.limit, json: self.json)
+            try await tool.skipped(limit: limit, json: self.json)
         }
     }
 }
@@ -126,12 +149,61 @@ struct Healthcheck: AsyncParsableCommand {
     @Option(help: "The daemon's address (default: METRICSD_LISTEN, else 127.0.0.1:8080).")
     var address: String?
 
-    @Option(help: "Seconds to wait for an answer.")
-    var timeout: Double = 5
+    @Option(parsing: .unconditional, help: "Seconds to wait for an answer (0.1-300).")
+    var timeout = "5"
+
+    func validate() throws {
+        _ = try CommandLineFront.seconds(self.timeout, option: "--timeout", range: 0.1...300)
+    }
 
     func run() async throws {
+        let timeout = try CommandLineFront.seconds(self.timeout, option: "--timeout", range: 0.1...300)
         let code = await CommandLineTool.healthcheck(
-            address: self.address, timeout: self.timeout, environment: ProcessInfo.processInfo.environment)
+            address: self.address, timeout: timeout, environment: ProcessInfo.processInfo.environment)
         if code != 0 { throw ExitCode(code) }
+    }
+}
+
+struct CheckConfig: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "check-config",
+        abstract: "Check the whole configuration: settings, secrets, listeners, database and schema.",
+        discussion: """
+            Reads the configuration as `metricsd serve` would here, starts nothing, and prints each problem as one \
+            line, `metricsd: <SETTING>: <problem>`, on stderr, then a summary of what was checked. Exit 0 when \
+            the configuration is fine, 78 when it has problems. Run it as root to check the credentials.
+            """)
+
+    func run() async throws {
+        let check = await ConfigCheck.run(environment: ProcessInfo.processInfo.environment)
+        for line in check.problemLines {
+            FileHandle.standardError.write(Data((line + "\n").utf8))
+        }
+        print(check.summaryText)
+        if !check.isOK { throw ExitCode(78) }
+    }
+}
+
+/// Writes the man page or the settings file example from the settings table (the committed copies are checked
+/// against this output by the tests).
+struct GenerateDocs: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "generate-docs", abstract: "Print the man page (man) or metricsd.env.example (env-example).",
+        shouldDisplay: false)
+
+    @Argument(help: "man or env-example")
+    var document: String
+
+    func validate() throws {
+        guard ["man", "env-example"].contains(self.document) else {
+            throw ValidationError("the document must be man or env-example, got '\(self.document)'")
+        }
+    }
+
+    func run() throws {
+        switch self.document {
+        case "man": print(ManPage.render(), terminator: "")
+        default: print(Documentation.environmentFileExample(), terminator: "")
+        }
     }
 }

@@ -26,7 +26,7 @@ public struct TokenConfiguration: Sendable {
         let reader = EnvironmentReader(environment)
         self.issuer = reader["METRICSD_JWT_ISSUER"]
         self.audience = reader["METRICSD_JWT_AUDIENCE"]
-        self.leewaySeconds = try reader.integer("METRICSD_JWT_LEEWAY_SECONDS", default: 30, range: 0...300)
+        self.leewaySeconds = try reader.integer("METRICSD_JWT_LEEWAY_SECONDS")
         if let secret = self.hmacSecret, secret.utf8.count < 32 {
             throw ConfigurationError("the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
         }

@@ -9,7 +9,7 @@ import MetricsdSystemd
 public struct Configuration: Sendable {
     /// `DATABASE_URL`: a libpq connection string or URI; empty means libpq's defaults and `PG*` variables.
     public var databaseURL: String
-    /// `$CREDENTIALS_DIRECTORY/db-password`, if present.
+    /// `$CREDENTIALS_DIRECTORY/db-password`, else the file named by `METRICSD_DB_PASSWORD_FILE`, if any.
     public var databasePassword: String?
     /// `METRICSD_LISTEN`, default `127.0.0.1:8080`.
     public var listen: ListenAddress
@@ -69,7 +69,7 @@ public struct Configuration: Sendable {
         let reader = EnvironmentReader(environment)
         self.databaseURL = reader["DATABASE_URL"] ?? ""
         self.databasePassword = try Secrets.read(
-            credential: "db-password", file: nil, variable: nil, environment: environment)
+            credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         self.listen = try reader.parse("METRICSD_LISTEN", default: ListenAddress(host: "127.0.0.1", port: 8080)) {
             ListenAddress(parsing: $0)
         }
@@ -102,24 +102,22 @@ public struct Configuration: Sendable {
                 throw ConfigurationError("the admin token must differ from the JWT secret")
             }
         }
-        self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE", default: 8, range: 1...200)
+        self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE")
         self.readBatches = try reader.integer(
             "METRICSD_READ_BATCHES", default: min(2, self.poolSize), range: 1...self.poolSize)
-        self.acquireTimeoutMilliseconds = try reader.integer(
-            "METRICSD_DB_ACQUIRE_TIMEOUT_MS", default: 2000, range: 10...60_000)
-        self.workers = try reader.integer("METRICSD_WORKERS", default: 2, range: 0...64)
+        self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
+        self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
-        work.batchSize = try reader.integer("METRICSD_BATCH_SIZE", default: 1000, range: 1...50_000)
-        work.chunkSize = try reader.integer("METRICSD_CHUNK_SIZE", default: 5000, range: 1...10_000_000)
-        work.leaseSeconds = try reader.number("METRICSD_LEASE_SECONDS", default: 60, range: 1...3600)
+        work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
+        work.chunkSize = try reader.integer("METRICSD_CHUNK_SIZE")
+        work.leaseSeconds = try reader.number("METRICSD_LEASE_SECONDS")
         self.work = work
-        self.tickSeconds = try reader.number("METRICSD_TICK_SECONDS", default: 60, range: 0.05...3600)
-        self.idlePollSeconds = try reader.number("METRICSD_IDLE_POLL_SECONDS", default: 2, range: 0.05...600)
-        self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS", default: 20, range: 0.1...600)
-        self.requestTimeoutSeconds = try reader.number(
-            "METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS", default: 10, range: 0.1...600)
-        self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS", default: 60, range: 0.1...3600)
-        self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS", default: 1024, range: 1...100_000)
+        self.tickSeconds = try reader.number("METRICSD_TICK_SECONDS")
+        self.idlePollSeconds = try reader.number("METRICSD_IDLE_POLL_SECONDS")
+        self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS")
+        self.requestTimeoutSeconds = try reader.number("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
+        self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
+        self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS")
         self.maxInFlight = try reader.integer(
             "METRICSD_MAX_IN_FLIGHT", default: min(self.maxConnections, 8 * self.poolSize), range: 1...100_000)
         let testVersion = try reader.parseOptional("METRICSD_TEST_FORMULA_VERSION", expected: "a version number") {
@@ -232,6 +230,22 @@ struct EnvironmentReader {
             throw ConfigurationError("\(name)=\(Self.shown(text)) is not valid: expected \(expected)")
         }
         return value
+    }
+
+    /// A whole-number setting with the catalog's default and range.
+    func integer(_ name: String) throws(ConfigurationError) -> Int {
+        guard let setting = SettingsCatalog.setting(name), case .integer(let range) = setting.kind,
+            let value = setting.defaultValue.flatMap({ Int($0) })
+        else { preconditionFailure("\(name) is not a whole-number setting with a default in SettingsCatalog") }
+        return try self.integer(name, default: value, range: range)
+    }
+
+    /// A number setting with the catalog's default and range.
+    func number(_ name: String) throws(ConfigurationError) -> Double {
+        guard let setting = SettingsCatalog.setting(name), case .number(let range) = setting.kind,
+            let value = setting.defaultValue.flatMap({ Double($0) })
+        else { preconditionFailure("\(name) is not a number setting with a default in SettingsCatalog") }
+        return try self.number(name, default: value, range: range)
     }
 
     func integer(_ name: String, default value: Int, range: ClosedRange<Int>) throws(ConfigurationError) -> Int {

@@ -25,22 +25,33 @@ public enum Secrets {
     }
 
     static func readFile(_ path: String, what: String) throws(ConfigurationError) -> String {
-        let data: Data
+        let text: String
         do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
+            text = try Self.readText(path)
         } catch {
-            throw ConfigurationError("\(what): cannot read \(path) (\(Self.errnoReason(path)))")
-        }
-        guard let text = String(data: data, encoding: .utf8) else {
-            throw ConfigurationError("\(what): \(path) is not UTF-8 text")
+            throw ConfigurationError("\(what): \(error.message)")
         }
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else { throw ConfigurationError("\(what): \(path) is empty") }
         return trimmed
     }
 
+    /// The whole file as UTF-8 text (empty allowed); errors say "cannot read PATH (reason)".
+    static func readText(_ path: String) throws(ConfigurationError) -> String {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw ConfigurationError("cannot read \(path) (\(Self.errnoReason(path)))")
+        }
+        guard let text = String(data: data, encoding: .utf8) else {
+            throw ConfigurationError("\(path) is not UTF-8 text")
+        }
+        return text
+    }
+
     /// Why a path cannot be opened, from `open(2)`'s errno: "no such file", "permission denied" …
-    private static func errnoReason(_ path: String) -> String {
+    static func errnoReason(_ path: String) -> String {
         let descriptor = open(path, O_RDONLY)
         if descriptor >= 0 {
             close(descriptor)
