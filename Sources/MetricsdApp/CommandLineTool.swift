@@ -85,12 +85,9 @@ public struct CommandLineTool: Sendable {
 
     public func recomputeAll(wait: Bool) async throws {
         let version = self.configuration.formula.version
-        let (job, created) = try await self.jobs.trigger(version: version, requestedBy: "cli")
-        if created {
-            Self.print("recompute job \(job.id) created for formula version \(version) (\(job.usersTotal) users)")
-        } else {
-            Self.print("recompute job \(job.id) for formula version \(version) is already \(job.state.rawValue)")
-        }
+        let outcome = try await self.jobs.trigger(version: version, requestedBy: "cli")
+        Self.print(AdminController.message(outcome, version: version))
+        guard let job = outcome.job, !job.state.isFinished else { return }  // nothing to do
         let alive = try await StatusQueries(pool: self.pool).instances().filter { $0.alive && $0.formulaVersion == version }
         if alive.isEmpty {
             Self.print("note: no running metricsd with formula version \(version) was seen in the last minute; the job starts when one runs")
@@ -100,8 +97,19 @@ public struct CommandLineTool: Sendable {
     }
 
     /// Shows progress until the job finishes: a redrawn bar on a terminal, a line every 5 s otherwise.
+    ///
+    /// The end is told, not polled: a dedicated connection `LISTEN`s on `metricsd_recompute`, which the job's
+    /// last transaction NOTIFYs at its commit, so this returns within milliseconds of the job's end. The job is
+    /// read again at least every 2 s too (progress, and safety should the connection fail).
     func follow(jobID: Int64) async throws {
         let terminal = isatty(STDOUT_FILENO) == 1
+        let listener: Listener?
+        do {
+            listener = try await self.listen(channel: "metricsd_recompute")
+        } catch {
+            self.logger.warning("Cannot listen for the job's end; reading it every 2 s", metadata: ["metricsd.error": "\(error)"])
+            listener = nil
+        }
         var lastLine = ContinuousClock.now - .seconds(10)
         while true {
             guard let job = try await self.jobs.job(id: jobID) else { throw Failure("recompute job \(jobID) vanished") }
@@ -115,14 +123,36 @@ public struct CommandLineTool: Sendable {
                 if terminal { Self.print("") }
                 switch job.state {
                 case .done:
-                    Self.print("recompute job \(job.id) done: \(job.usersDone) users computed, \(job.usersSkipped) skipped")
+                    Self.print("recompute job \(job.id) done: \(job.counts.summary)")
                     return
                 default:
                     throw Failure("recompute job \(job.id) \(job.state.rawValue)\(job.lastError.map { ": \($0)" } ?? "")")
                 }
             }
-            try await Task.sleep(for: .milliseconds(terminal ? 500 : 1000))
+            let wait: Int32 = terminal ? 500 : 2000
+            if let listener {
+                let prefix = "\(jobID) "
+                let ended = try? await self.pool.runBlocking {
+                    try listener.connection.waitForNotifications(timeoutMilliseconds: wait)
+                        .contains { $0.payload.hasPrefix(prefix) }
+                }
+                if ended == nil { try await Task.sleep(for: .milliseconds(Int64(wait))) }  // connection lost: poll
+            } else {
+                try await Task.sleep(for: .milliseconds(Int64(wait)))
+            }
         }
+    }
+
+    /// A connection of its own that `LISTEN`s on `channel` (closed when released).
+    private struct Listener: @unchecked Sendable {
+        let connection: PostgresConnection
+    }
+
+    private func listen(channel: String) async throws -> Listener {
+        let connection = try await self.pool.openDedicatedConnection()
+        let listener = Listener(connection: connection)
+        try await self.pool.runBlocking { try listener.connection.execute("LISTEN \(channel)") }
+        return listener
     }
 
     public func recomputeStatus(id: Int64?, json: Bool) async throws {
@@ -152,7 +182,8 @@ public struct CommandLineTool: Sendable {
     static func progressLine(_ job: RecomputeJob) -> String {
         var parts = [
             "job \(job.id)", "version \(job.version)", job.state.rawValue, Self.percent(job.percent),
-            "\(job.usersDone + job.usersSkipped)/\(job.usersTotal) users", "skipped \(job.usersSkipped)",
+            "\(job.usersExamined)/\(job.usersTotal) users examined", "written \(job.usersWritten)",
+            "already current \(job.usersAlreadyCurrent)", "skipped \(job.usersSkipped)",
         ]
         if let rate = job.ratePerSecond { parts.append("\(Int(rate.rounded()))/s") }
         if let eta = job.etaSeconds { parts.append("ETA \(Self.duration(eta))") }
@@ -167,7 +198,7 @@ public struct CommandLineTool: Sendable {
         let width = 30
         let filled = Int((job.percent / 100 * Double(width)).rounded(.down))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
-        var text = "[\(bar)] \(Self.percent(job.percent))  \(job.usersDone + job.usersSkipped)/\(job.usersTotal)"
+        var text = "[\(bar)] \(Self.percent(job.percent))  \(job.usersExamined)/\(job.usersTotal) examined"
         if let rate = job.ratePerSecond { text += "  \(Int(rate.rounded()))/s" }
         if let eta = job.etaSeconds { text += "  ETA \(Self.duration(eta))" }
         return text

@@ -41,7 +41,7 @@ public enum Daemon {
         let fatalLogger: Logger? =
             LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
         let registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        MetricsSystem.bootstrap(DocumentedMetricsFactory(registry: registry))
 
         let tokens: TokenVerifier
         let settings: ConnectionSettings

@@ -351,10 +351,14 @@ paths:
       summary: Start recomputing every user's metrics with the current formula version.
       description: |
         Creates a durable recompute-all job for the formula version this binary computes, which any
-        running instance works on in the background while serving traffic. When a job for that
+        running instance works on in the background while serving traffic (202). When a job for that
         version is already pending or running, it is returned instead and no second job is created
-        (200, `created: false`). Both answers carry `Location: /v1/admin/recompute/{id}`: follow
-        it to watch progress. No body is needed; an empty JSON object is accepted.
+        (200, `created: false`). When there is nothing to do (every user already has a row of that
+        version for their current local date, or a skip verdict for it newer than their settings), no
+        job is created either: the answer is 200 with `nothingToDo: true` and the newest finished job
+        of that version (`null` when there is none). Safe when several instances are triggered at once.
+        Answers with a job carry `Location: /v1/admin/recompute/{id}`: follow it to watch progress.
+        No body is needed; an empty JSON object is accepted.
       security:
         - adminBearer: []
       requestBody:
@@ -366,7 +370,10 @@ paths:
               $ref: '#/components/schemas/RecomputeTriggerRequest'
       responses:
         '200':
-          description: A pending or running job for the current formula version already existed; it is returned.
+          description: |
+            No job was created: a pending or running job of the current formula version already existed
+            (`nothingToDo: false`, that job), or there is nothing to do (`nothingToDo: true`, the newest
+            finished job of the version, or `null`; then there is no `Location`).
           headers:
             X-Request-Id:
               $ref: '#/components/headers/X-Request-Id'
@@ -381,9 +388,55 @@ paths:
                       data:
                         properties:
                           created: {const: false}
-                          job:
-                            properties:
-                              state: {enum: [pending, running]}
+              examples:
+                active:
+                  summary: A job is already running
+                  value:
+                    success: true
+                    data:
+                      created: false
+                      nothingToDo: false
+                      message: recompute job 7 for formula version 2 is already running
+                      job:
+                        id: 7
+                        version: 2
+                        state: running
+                        usersTotal: 1000
+                        usersExamined: 400
+                        usersWritten: 380
+                        usersAlreadyCurrent: 0
+                        usersSkipped: 20
+                        percent: 40
+                        ratePerSecond: 2000
+                        etaSeconds: 0.3
+                        createdAt: '2025-11-02T09:00:00.000Z'
+                        startedAt: '2025-11-02T09:00:00.120Z'
+                        finishedAt: null
+                        lastError: null
+                nothingToDo:
+                  summary: Every user is current
+                  value:
+                    success: true
+                    data:
+                      created: false
+                      nothingToDo: true
+                      message: 'nothing to do: every user already has a formula version 2 row for their current local date (or a skip verdict for it); latest job 7 done: 1000 users examined, 980 written, 0 already current, 20 skipped'
+                      job:
+                        id: 7
+                        version: 2
+                        state: done
+                        usersTotal: 1000
+                        usersExamined: 1000
+                        usersWritten: 980
+                        usersAlreadyCurrent: 0
+                        usersSkipped: 20
+                        percent: 100
+                        ratePerSecond: 2000
+                        etaSeconds: null
+                        createdAt: '2025-11-02T09:00:00.000Z'
+                        startedAt: '2025-11-02T09:00:00.120Z'
+                        finishedAt: '2025-11-02T09:00:00.620Z'
+                        lastError: null
         '202':
           description: A new job was created; it starts in the background.
           headers:
@@ -400,16 +453,22 @@ paths:
                       data:
                         properties:
                           created: {const: true}
+                          nothingToDo: {const: false}
+                          job: {$ref: '#/components/schemas/RecomputeJob'}
               example:
                 success: true
                 data:
                   created: true
+                  nothingToDo: false
+                  message: recompute job 7 created for formula version 2 (1000 users)
                   job:
                     id: 7
                     version: 2
                     state: pending
-                    usersTotal: 0
-                    usersDone: 0
+                    usersTotal: 1000
+                    usersExamined: 0
+                    usersWritten: 0
+                    usersAlreadyCurrent: 0
                     usersSkipped: 0
                     percent: 0
                     ratePerSecond: null
@@ -925,7 +984,7 @@ components:
       description: A recompute-all job and its progress.
       type: object
       additionalProperties: false
-      required: [id, version, state, usersTotal, usersDone, usersSkipped, percent, ratePerSecond, etaSeconds, createdAt, startedAt, finishedAt, lastError]
+      required: [id, version, state, usersTotal, usersExamined, usersWritten, usersAlreadyCurrent, usersSkipped, percent, ratePerSecond, etaSeconds, createdAt, startedAt, finishedAt, lastError]
       properties:
         id:
           type: integer
@@ -940,11 +999,19 @@ components:
           type: string
           enum: [pending, running, done, cancelled, failed]
         usersTotal:
-          description: Users to process (known once the job started; 0 before).
+          description: Users when the job was created.
           type: integer
           minimum: 0
-        usersDone:
-          description: Users processed so far (computed, or already up to date).
+        usersExamined:
+          description: Users read and evaluated so far; `usersWritten + usersAlreadyCurrent + usersSkipped`.
+          type: integer
+          minimum: 0
+        usersWritten:
+          description: Users whose row of this version for their current date the job inserted.
+          type: integer
+          minimum: 0
+        usersAlreadyCurrent:
+          description: Users who already had that row (nothing written).
           type: integer
           minimum: 0
         usersSkipped:
@@ -957,7 +1024,7 @@ components:
           minimum: 0
           maximum: 100
         ratePerSecond:
-          description: Users processed per second recently; `null` until it can be measured.
+          description: Users examined per second since the job started; `null` until it can be measured.
           type: [number, 'null']
           minimum: 0
         etaSeconds:
@@ -989,13 +1056,22 @@ components:
         data:
           type: object
           additionalProperties: false
-          required: [created, job]
+          required: [created, nothingToDo, message, job]
           properties:
             created:
-              description: True when this request created the job (202), false when an existing pending or running job is returned (200).
+              description: True when this request created the job (202), false otherwise (200).
               type: boolean
+            nothingToDo:
+              description: True when every user is already current for this formula version, so no job was created.
+              type: boolean
+            message:
+              description: What happened, in one sentence (the same words as `metricsd recompute-all`).
+              type: string
             job:
-              $ref: '#/components/schemas/RecomputeJob'
+              description: The job created or already active, or the newest finished one when there is nothing to do (`null` if none).
+              anyOf:
+                - type: 'null'
+                - $ref: '#/components/schemas/RecomputeJob'
 
     RecomputeJobResponse:
       type: object

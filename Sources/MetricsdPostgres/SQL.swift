@@ -71,14 +71,15 @@ enum SQL {
     /// of the zone (the last one open-ended, so users who arrive while it runs are included), and supersedes
     /// older unfinished units of those zones: their date is no longer current, and metricsd does not back-fill.
     /// Never creates a unit for a date older than one that exists. One statement, so one round trip per tick
-    /// and all or nothing. `$3` formula version. Returns the new units and their chunk counts.
+    /// and all or nothing. `$3` formula version. Records each unit's due instant (`dueInstantCTE`), from which
+    /// its delay is measured. Returns the new units and their chunk counts.
     static let enqueueDueUnits = """
-        WITH \(zoneScheduleCTE),
+        WITH \(zoneScheduleCTE), \(dueInstantCTE),
         new_units AS (
-          INSERT INTO daily_units (timezone, local_date, version, timezone_known, users_total, created_at)
+          INSERT INTO daily_units (timezone, local_date, version, timezone_known, users_total, created_at, due_at)
           SELECT s.timezone, s.due_date, $3, s.known, (SELECT count(*) FROM users u WHERE u.timezone = s.timezone),
-                 (SELECT now FROM clock)
-          FROM schedule s
+                 (SELECT now FROM clock), s.due_at
+          FROM due_at s
           WHERE NOT EXISTS (
             SELECT 1 FROM daily_units d
             WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
@@ -134,37 +135,45 @@ enum SQL {
               SELECT 1 FROM work_chunks c
               WHERE c.kind = 'daily' AND c.timezone = d.timezone AND c.local_date = d.local_date
                 AND c.version = d.version AND c.state <> 'done')
-          RETURNING d.timezone, d.local_date, d.version, d.users_total, d.created_at, d.started_at
+          RETURNING d.timezone, d.local_date, d.version, d.users_total, d.created_at, d.started_at, d.due_at
         ),
         jobs AS (
           UPDATE recompute_jobs j SET state = 'done', finished_at = (SELECT now FROM clock)
           WHERE j.state IN ('pending', 'running') AND (($2::text IS NULL AND $5::bigint IS NULL) OR j.id = $5)
             AND EXISTS (SELECT 1 FROM work_chunks c WHERE c.job_id = j.id)
             AND NOT EXISTS (SELECT 1 FROM work_chunks c WHERE c.job_id = j.id AND c.state <> 'done')
-          RETURNING j.id
+          RETURNING j.id, j.users_total, j.created_at, j.started_at
         )
         SELECT 'unit', u.timezone, u.local_date::text, u.version, u.users_total,
                coalesce(sum(c.users_done), 0), coalesce(sum(c.users_skipped), 0),
-               extract(epoch FROM (SELECT now FROM clock) - coalesce(u.started_at, u.created_at))::float8
+               extract(epoch FROM (SELECT now FROM clock) - coalesce(u.started_at, u.created_at))::float8,
+               coalesce(sum(c.users_written), 0),
+               extract(epoch FROM (SELECT now FROM clock) - coalesce(u.due_at, u.created_at))::float8
         FROM units u
         LEFT JOIN work_chunks c ON c.kind = 'daily' AND c.timezone = u.timezone AND c.local_date = u.local_date
                                AND c.version = u.version
-        GROUP BY u.timezone, u.local_date, u.version, u.users_total, u.started_at, u.created_at
+        GROUP BY u.timezone, u.local_date, u.version, u.users_total, u.started_at, u.created_at, u.due_at
         UNION ALL
-        SELECT 'job', id::text, NULL, NULL, NULL, NULL, NULL, NULL FROM jobs
+        SELECT 'job', j.id::text, NULL, NULL, j.users_total,
+               coalesce(sum(c.users_done), 0), coalesce(sum(c.users_skipped), 0),
+               extract(epoch FROM (SELECT now FROM clock) - coalesce(j.started_at, j.created_at))::float8,
+               coalesce(sum(c.users_written), 0), NULL
+        FROM jobs j LEFT JOIN work_chunks c ON c.job_id = j.id
+        GROUP BY j.id, j.users_total, j.started_at, j.created_at
         """
 
     // MARK: Claiming (daily units and recompute jobs alike)
 
     /// Claims the next chunk: daily work first, then recompute work, each in creation order. A chunk is free
     /// when pending, or when its lease has expired by the database clock (its holder crashed or stalled).
-    /// Marks its unit or job running. Only chunks of this build's formula version are claimed: during a rolling
+    /// Marks its unit or job running, and names the instance whose expired lease it takes over (a chunk handed
+    /// back on shutdown has no owner left). Only chunks of this build's formula version are claimed: during a rolling
     /// upgrade each version's instances do their own version's work. `$1` now, `$2` owner, `$3` lease seconds,
     /// `$4` formula version.
     static let claimChunk = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         next AS (
-          SELECT c.id FROM work_chunks c
+          SELECT c.id, c.state AS previous_state, c.lease_owner AS previous_owner FROM work_chunks c
           WHERE c.version = $4
             AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
           ORDER BY c.priority, c.id
@@ -177,7 +186,9 @@ enum SQL {
               attempts = c.attempts + 1, started_at = coalesce(c.started_at, (SELECT now FROM clock))
           FROM next WHERE c.id = next.id
           RETURNING c.id, c.kind, c.timezone, c.local_date, c.version, c.job_id, c.range_start, c.range_end,
-                    c.cursor_user_id, c.attempts
+                    c.cursor_user_id, c.attempts,
+                    CASE WHEN next.previous_state = 'running' AND next.previous_owner <> $2
+                         THEN next.previous_owner END AS taken_over_from
         ),
         unit AS (
           UPDATE daily_units d SET state = 'running', started_at = coalesce(d.started_at, (SELECT now FROM clock))
@@ -191,18 +202,21 @@ enum SQL {
           FROM claimed c WHERE c.kind = 'recompute' AND j.id = c.job_id AND j.state = 'pending'
           RETURNING 1
         )
-        SELECT id, kind, timezone, local_date::text, version, job_id, range_start, range_end, cursor_user_id, attempts
+        SELECT id, kind, timezone, local_date::text, version, job_id, range_start, range_end, cursor_user_id, attempts,
+               taken_over_from
         FROM claimed
         """
 
-    /// Gives a chunk back at once (graceful stop): a peer may claim it on its next tick. `$1` now, `$2` id,
-    /// `$3` owner.
+    /// Gives a chunk back at once (graceful stop): a peer may claim it on its next tick, and does not count it as
+    /// a lease taken over (no owner left). `$1` now, `$2` id, `$3` owner.
     static let releaseChunk = """
-        UPDATE work_chunks SET lease_until = coalesce($1::timestamptz, now()) - interval '1 millisecond'
+        UPDATE work_chunks SET lease_until = coalesce($1::timestamptz, now()) - interval '1 millisecond',
+                               lease_owner = NULL
         WHERE id = $2 AND lease_owner = $3 AND state = 'running'
         """
 
-    /// Records a failed attempt and backs off before the chunk may be claimed again (1 s, 2 s, 4 s … 5 min).
+    /// Records a failed attempt and backs off before the chunk may be claimed again (1 s, 2 s, 4 s … 5 min);
+    /// the chunk keeps no owner, so the next claim is a retry, not a lease taken over.
     /// `$1` now, `$2` id, `$3` owner, `$4` error.
     /// A recompute chunk that failed 10 times fails its job (an operator must look); a daily chunk keeps
     /// retrying, and shows as overdue.
@@ -211,7 +225,7 @@ enum SQL {
           UPDATE work_chunks
           SET lease_until = coalesce($1::timestamptz, now())
                             + make_interval(secs => least(300, power(2, least(attempts, 9)))),
-              last_error = left($4, 500),
+              lease_owner = NULL, last_error = left($4, 500),
               state = CASE WHEN kind = 'recompute' AND attempts >= 10 THEN 'cancelled' ELSE state END
           WHERE id = $2 AND lease_owner = $3 AND state = 'running'
           RETURNING job_id, attempts

@@ -17,6 +17,9 @@ public struct StatusQueries: Sendable {
         public var unitsPending: Int
         /// Zones due whose unit no instance has created yet.
         public var unitsMissing: Int
+        /// Users past their zone's due instant who have neither a row nor a skip verdict for that date yet: the
+        /// users of zones whose unit is missing, plus those of unfinished units not examined yet.
+        public var usersWaiting: Int = 0
     }
 
     public func overview(dailyAt: DailyTime, version: Int, now: Timestamp? = nil) async throws -> Overview {
@@ -30,14 +33,23 @@ public struct StatusQueries: Sendable {
                        count(*) FILTER (WHERE u.state = 'done'),
                        count(*) FILTER (WHERE u.state = 'running'),
                        count(*) FILTER (WHERE u.state = 'pending'),
-                       count(*) FILTER (WHERE u.state IS NULL OR u.state = 'superseded')
+                       count(*) FILTER (WHERE u.state IS NULL OR u.state = 'superseded'),
+                       coalesce(sum(CASE
+                         WHEN u.state = 'done' THEN 0
+                         WHEN u.state IN ('pending', 'running') THEN greatest(0, u.users_total - coalesce((
+                           SELECT sum(c.users_done + c.users_skipped) FROM work_chunks c
+                           WHERE c.kind = 'daily' AND c.timezone = u.timezone AND c.local_date = u.local_date
+                             AND c.version = u.version), 0))
+                         ELSE (SELECT count(*) FROM users x WHERE x.timezone = da.timezone)
+                       END), 0)
                 FROM due_at da
                 LEFT JOIN daily_units u ON u.timezone = da.timezone AND u.local_date = da.due_date AND u.version = $3
                 """, [now?.iso8601, dailyAt.description, String(version)])
             return Overview(
                 oldestOverdueSeconds: max(0, Double(try result.requiredString(0, 0)) ?? 0),
                 unitsDone: Int(try result.int(0, 1)), unitsRunning: Int(try result.int(0, 2)),
-                unitsPending: Int(try result.int(0, 3)), unitsMissing: Int(try result.int(0, 4)))
+                unitsPending: Int(try result.int(0, 3)), unitsMissing: Int(try result.int(0, 4)),
+                usersWaiting: Int(try result.int(0, 5)))
         }
     }
 

@@ -124,11 +124,20 @@ public struct WorkQueue: Sendable {
             case leaseLost
         }
         public var end: End
+        /// Valid users evaluated: `written` + `alreadyCurrent`.
         public var computed = 0
+        /// Rows inserted or changed.
         public var written = 0
+        /// Users whose settings give no metrics (a skip verdict recorded).
         public var skipped = 0
+        /// Skip reasons by code (a user skipped for two reasons counts under both).
         public var skipCounts: [SkipReason.Code: Int] = [:]
         public var batches = 0
+
+        /// Users read and evaluated: written + already current + skipped.
+        public var examined: Int { self.computed + self.skipped }
+        /// Valid users who already had the same row for the date and version.
+        public var alreadyCurrent: Int { self.computed - self.written }
     }
 
     /// Works through a claimed chunk batch by batch until its range is done, `shouldStop()` is true, or the
@@ -203,6 +212,11 @@ public struct WorkQueue: Sendable {
                         batch, conflict: chunk.conflict, fence: fence, source: chunk.source, now: now,
                         formula: formula, on: connection)
                     guard outcome.fenced else { throw LeaseLost() }
+                    if outcome.written > 0 {
+                        try connection.prepared(
+                            "count_written", "UPDATE work_chunks SET users_written = users_written + $2 WHERE id = $1",
+                            [String(chunk.id), String(outcome.written)])
+                    }
                     try faults.beforeCommit?(connection, chunk)
                     return outcome.written
                 }
@@ -234,8 +248,9 @@ public struct WorkQueue: Sendable {
 
     /// A daily unit or recompute job whose chunks are all done, marked done by this call.
     public enum Finished: Sendable, Hashable {
-        case unit(timezone: String, localDate: LocalDate, version: Int, total: Int, computed: Int, skipped: Int, seconds: Double)
-        case job(id: Int64)
+        /// `seconds` from the unit's first claim to now; `delaySeconds` from its due instant to now.
+        case unit(timezone: String, localDate: LocalDate, version: Int, counts: WorkCounts, seconds: Double, delaySeconds: Double)
+        case job(id: Int64, counts: WorkCounts, seconds: Double)
     }
 
     /// Marks done the units and jobs whose chunks are all done: one unit (`chunk`'s) right after its last
@@ -257,17 +272,21 @@ public struct WorkQueue: Sendable {
             let result = try connection.prepared("finish_completed", SQL.finishCompletedParents, finalParameters)
             var finished: [Finished] = []
             for row in 0..<result.rowCount {
+                let counts = WorkCounts(
+                    total: try result.int(row, 4), done: try result.int(row, 5), written: try result.int(row, 8),
+                    skipped: try result.int(row, 6))
+                let seconds = result.string(row, 7).flatMap(Double.init) ?? 0
                 if try result.requiredString(row, 0) == "job" {
-                    finished.append(.job(id: try result.int(row, 1)))
+                    guard let id = Int64(try result.requiredString(row, 1)) else { continue }
+                    finished.append(.job(id: id, counts: counts, seconds: seconds))
                 } else {
                     let dateText = try result.requiredString(row, 2)
                     guard let localDate = LocalDate(iso: dateText) else { continue }
                     finished.append(
                         .unit(
                             timezone: try result.requiredString(row, 1), localDate: localDate,
-                            version: Int(try result.int(row, 3)), total: Int(try result.int(row, 4)),
-                            computed: Int(try result.int(row, 5)), skipped: Int(try result.int(row, 6)),
-                            seconds: Double(try result.requiredString(row, 7)) ?? 0))
+                            version: Int(try result.int(row, 3)), counts: counts, seconds: seconds,
+                            delaySeconds: result.string(row, 9).flatMap(Double.init) ?? 0))
                 }
             }
             return finished
@@ -336,6 +355,9 @@ public struct ClaimedChunk: Sendable, Hashable {
     /// The last user id committed before this claim (resume point).
     public let cursor: Int64
     public let attempts: Int
+    /// The instance whose lease on this chunk had expired while it was running (it crashed or stalled), when
+    /// that was another instance; nil for a fresh chunk, a retry after a failure, or one handed back on shutdown.
+    public let takenOverFrom: String?
 
     init(_ result: PostgresResult, row: Int) throws(PostgresError) {
         self.id = try result.int(row, 0)
@@ -354,6 +376,7 @@ public struct ClaimedChunk: Sendable, Hashable {
         self.rangeEnd = try result.int(row, 7)
         self.cursor = try result.int(row, 8)
         self.attempts = Int(try result.int(row, 9))
+        self.takenOverFrom = result.string(row, 10)
     }
 
     var conflict: SQL.Conflict {
@@ -368,6 +391,30 @@ public struct ClaimedChunk: Sendable, Hashable {
         case .daily: "daily"
         case .recompute: "recompute"
         }
+    }
+}
+
+/// What a unit, job or chunk came to, in the words every report uses: of the users **examined**, **written**
+/// (row inserted or changed), **already current** (the same row was there) and **skipped** (settings give no
+/// metrics).
+public struct WorkCounts: Sendable, Hashable {
+    /// Users when the unit or job was created.
+    public var total: Int64
+    public var written: Int64
+    public var alreadyCurrent: Int64
+    public var skipped: Int64
+    public var examined: Int64 { self.written + self.alreadyCurrent + self.skipped }
+
+    public init(total: Int64, written: Int64, alreadyCurrent: Int64, skipped: Int64) {
+        self.total = total
+        self.written = written
+        self.alreadyCurrent = alreadyCurrent
+        self.skipped = skipped
+    }
+
+    /// From the chunk columns: `done` users have the row after the chunk (written or already there).
+    init(total: Int64, done: Int64, written: Int64, skipped: Int64) {
+        self.init(total: total, written: written, alreadyCurrent: max(0, done - written), skipped: skipped)
     }
 }
 

@@ -224,7 +224,8 @@ import Testing
                 _ = try await queue.finishCompleted()
                 let job = try await API.send(port: port, "/v1/admin/recompute/\(jobID)", headers: admin)
                 #expect(job.json?["data"]?["job"]?["state"] == .string("done"), "\(job)")
-                #expect(job.json?["data"]?["job"]?["usersDone"] == .number(5), "\(job)")
+                #expect(job.json?["data"]?["job"]?["usersExamined"] == .number(5), "\(job)")
+                #expect(job.json?["data"]?["job"]?["usersWritten"] == .number(5), "\(job)")
 
                 let (version, computedAt, data) = try await Self.current(port: port, user: 1)
                 #expect(version == 2)

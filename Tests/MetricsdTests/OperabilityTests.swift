@@ -26,10 +26,66 @@ import Testing
     }
 
     static func scrape(_ daemon: DaemonProcess) async throws -> [String: Double] {
+        Self.series(try await Self.scrapeText(daemon))
+    }
+
+    static func scrapeText(_ daemon: DaemonProcess) async throws -> String {
         let response = try await daemon.request("/metrics")
         #expect(response.status == .ok)
         #expect(response.headers[.contentType]?.hasPrefix("text/plain; version=0.0.4") == true)
-        return Self.series(response.text)
+        return response.text
+    }
+
+    /// Every family whose samples `text` has but whose `# HELP` (non-empty) or `# TYPE` line it lacks, as
+    /// "name: what is missing". Histogram samples (`_bucket`, `_sum`, `_count`) belong to their family.
+    static func undocumentedFamilies(_ text: String) -> [String] {
+        var help = Set<String>()
+        var types: [String: String] = [:]
+        var sampled = Set<String>()
+        for line in text.split(separator: "\n") {
+            let words = line.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
+            if line.hasPrefix("# HELP "), words.count == 4, !words[3].trimmingCharacters(in: .whitespaces).isEmpty {
+                help.insert(String(words[2]))
+            } else if line.hasPrefix("# TYPE "), words.count >= 4 {
+                types[String(words[2])] = String(words[3])
+            } else if !line.hasPrefix("#") {
+                let name = String(line.prefix { $0 != "{" && $0 != " " })
+                sampled.insert(name)
+            }
+        }
+        var problems: [String] = []
+        for name in sampled.sorted() {
+            var family = name
+            for suffix in ["_bucket", "_sum", "_count"] where name.hasSuffix(suffix) {
+                let base = String(name.dropLast(suffix.count))
+                if types[base] == "histogram" { family = base }
+            }
+            if !help.contains(family) { problems.append("\(family): no # HELP") }
+            if types[family] == nil { problems.append("\(family): no # TYPE") }
+        }
+        return problems
+    }
+
+    /// `promtool check metrics` (Debian's `prometheus` package) on `text`: its exit status and output.
+    static func promtool(_ text: String) throws -> (status: Int32, output: String) {
+        let path = "/usr/bin/promtool"
+        try #require(
+            FileManager.default.isExecutableFile(atPath: path),
+            "promtool is missing: install Debian's prometheus package (scripts/test does)")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = ["check", "metrics"]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        input.fileHandleForWriting.write(Data(text.utf8))
+        try input.fileHandleForWriting.close()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
 
     @Test func metricsFollowTheWork() async throws {
@@ -53,11 +109,22 @@ import Testing
             // The counters are recorded right after the chunk commits; allow the worker to get there.
             _ = await DaemonProcess.eventually(timeout: .seconds(5)) {
                 scraped = (try? await Self.scrape(daemon)) ?? scraped
+                // (The gauges follow at the next tick.)
                 return Self.value(scraped, "metricsd_daily_units_completed_total") == 1
+                    && Self.value(scraped, "metricsd_daily_users_waiting") == 0
             }
-            #expect(Self.value(scraped, "metricsd_users_computed_total", ["kind": "daily"]) == 295)
-            #expect(Self.value(scraped, "metricsd_rows_written_total", ["kind": "daily"]) == 295)
-            #expect(Self.value(scraped, "metricsd_users_skipped_total", ["kind": "daily", "reason": "out_of_range"]) == 5)
+            #expect(Self.value(scraped, "metricsd_users_examined_total", ["kind": "daily"]) == 300)
+            #expect(Self.value(scraped, "metricsd_users_written_total", ["kind": "daily"]) == 295)
+            #expect(Self.value(scraped, "metricsd_users_already_current_total", ["kind": "daily"]) == 0)
+            #expect(Self.value(scraped, "metricsd_users_skipped_total", ["kind": "daily"]) == 5)
+            #expect(Self.value(scraped, "metricsd_skip_reasons_total", ["kind": "daily", "reason": "out_of_range"]) == 5)
+            #expect(Self.value(scraped, "metricsd_daily_users_waiting") == 0)
+            #expect(Self.value(scraped, "metricsd_work_leases_taken_over_total", ["kind": "daily"]) == 0)
+            // The unit fell due at 00:00 UTC today; it ended now: its delay is the time since midnight.
+            let sinceMidnight = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 86_400)
+            let delaySum = try #require(Self.value(scraped, "metricsd_daily_unit_delay_seconds_sum"))
+            #expect(Self.value(scraped, "metricsd_daily_unit_delay_seconds_count") == 1)
+            #expect(delaySum > sinceMidnight - 120 && delaySum <= sinceMidnight + 1, "delay \(delaySum) s, midnight \(sinceMidnight) s ago")
             #expect(Self.value(scraped, "metricsd_daily_units_completed_total") == 1)
             #expect(Self.value(scraped, "metricsd_build_info", ["formula_version": "1"]) == 1)
             #expect(Self.value(scraped, "metricsd_db_pool_connections", ["state": "open"]) != nil)
@@ -73,19 +140,20 @@ import Testing
             #expect(Self.value(scraped, "metricsd_http_requests_total", ["route": "/v1/profile/metrics/today", "status": "401"]) == 1)
             #expect(scraped.keys.contains { $0.hasPrefix("metricsd_http_request_duration_seconds_bucket") && $0.contains("/healthz") })
 
-            // A recompute job of the same version: every valid user counted, nothing written.
+            // A recompute of the same version after the daily unit: every user is current, so no job.
             let admin = TestTokens.bearer(DaemonProcess.secrets.adminToken)
-            #expect(try await daemon.request("/v1/admin/recompute", method: .post, headers: admin).status == .accepted)
-            let jobDone = await DaemonProcess.eventually {
-                (try? await database.value("SELECT state FROM recompute_jobs")) == "done"
-            }
-            #expect(jobDone)
-            _ = await DaemonProcess.eventually(timeout: .seconds(5)) {
-                scraped = (try? await Self.scrape(daemon)) ?? scraped
-                return Self.value(scraped, "metricsd_users_computed_total", ["kind": "recompute"]) == 295
-            }
-            #expect(Self.value(scraped, "metricsd_users_computed_total", ["kind": "recompute"]) == 295)
-            #expect(Self.value(scraped, "metricsd_rows_written_total", ["kind": "recompute"]) == 0)
+            let trigger = try await daemon.request("/v1/admin/recompute", method: .post, headers: admin)
+            #expect(trigger.status == .ok)
+            let data = try #require(try trigger.json()["data"] as? [String: Any])
+            #expect(data["nothingToDo"] as? Bool == true, "\(data)")
+            #expect(data["job"] is NSNull, "\(data)")
+            #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "0")
+
+            // By convention: HELP and TYPE for every family, and promtool finds nothing to say.
+            let text = try await Self.scrapeText(daemon)
+            #expect(Self.undocumentedFamilies(text) == [])
+            let lint = try Self.promtool(text)
+            #expect(lint.status == 0 && lint.output.isEmpty, "promtool check metrics (exit \(lint.status)):\n\(lint.output)")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)
         }

@@ -563,7 +563,8 @@ class Results:
 
 
 def sample_job(**overrides) -> dict:
-    job = {"id": 3, "version": 1, "state": "running", "usersTotal": 100, "usersDone": 40, "usersSkipped": 2,
+    job = {"id": 3, "version": 1, "state": "running", "usersTotal": 100, "usersExamined": 42, "usersWritten": 30,
+           "usersAlreadyCurrent": 10, "usersSkipped": 2,
            "percent": 40.0, "ratePerSecond": 1234.5, "etaSeconds": 0.05, "createdAt": "2025-11-02T09:00:00.000Z",
            "startedAt": "2025-11-02T09:00:00.120Z", "finishedAt": None, "lastError": None}
     job.update(overrides)
@@ -667,15 +668,25 @@ def self_test(contract: Contract, results: Results) -> None:
          expect_ok=False, expect_text="'ready' was expected")
     case("readiness 503", "GET", "/readyz", 503, {"status": "not_ready", "database": "unreachable",
                                                    "schema": "unknown", "reason": "connection refused"})
+    def trigger(created, job, nothing=False):
+        return {"success": True, "data": {"created": created, "nothingToDo": nothing, "message": "m", "job": job}}
+
     case("a trigger 202", "POST", "/v1/admin/recompute", 202,
-         {"success": True, "data": {"created": True, "job": sample_job(state="pending", startedAt=None)}},
-         headers={**json_ct, **loc})
+         trigger(True, sample_job(state="pending", startedAt=None)), headers={**json_ct, **loc})
     case("a trigger 202 without Location", "POST", "/v1/admin/recompute", 202,
-         {"success": True, "data": {"created": True, "job": sample_job()}}, expect_ok=False,
-         expect_text="header Location: required")
+         trigger(True, sample_job()), expect_ok=False, expect_text="header Location: required")
+    case("a trigger 202 without a job", "POST", "/v1/admin/recompute", 202,
+         trigger(True, None), headers={**json_ct, **loc}, expect_ok=False, expect_text="None is not of type")
     case("a trigger 200 with created:true", "POST", "/v1/admin/recompute", 200,
-         {"success": True, "data": {"created": True, "job": sample_job()}}, headers={**json_ct, **loc},
-         expect_ok=False, expect_text="False was expected")
+         trigger(True, sample_job()), headers={**json_ct, **loc}, expect_ok=False, expect_text="False was expected")
+    case("a trigger 200 with nothing to do and no job yet", "POST", "/v1/admin/recompute", 200,
+         trigger(False, None, nothing=True))
+    case("a trigger 200 with nothing to do and the finished job", "POST", "/v1/admin/recompute", 200,
+         trigger(False, sample_job(state="done", percent=100, finishedAt="2025-11-02T09:01:00.000Z"), nothing=True),
+         headers={**json_ct, **loc})
+    case("a trigger 200 without nothingToDo", "POST", "/v1/admin/recompute", 200,
+         {"success": True, "data": {"created": False, "message": "m", "job": None}}, expect_ok=False,
+         expect_text="'nothingToDo' is a required property")
     case("a job with percent 140", "GET", "/v1/admin/recompute/3", 200,
          {"success": True, "data": {"job": sample_job(percent=140)}}, expect_ok=False, expect_text="maximum")
     case("a job without lastError", "GET", "/v1/admin/recompute/3", 200,
@@ -1355,6 +1366,8 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
     def retrigger(r):
         j = r.json["data"]["job"]
         if r.status == 200:
+            if j is None:
+                return [f"200 without a job although job {jid} exists"]
             return [] if j["id"] == jid else [f"200 returned job {j['id']}, expected the pending/running {jid}"]
         first_state = json.loads(http_request(ck.daemon.port, "GET", f"{jobs_path}/{jid}",
                                               {"Authorization": admin}).body)["data"]["job"]["state"]
@@ -1421,7 +1434,7 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
     final = {}
 
     def remember_job(r):
-        final.update(r.json["data"]["job"])
+        final.update(r.json["data"]["job"] or {})
         return []
 
     ck.call("trigger a job to completion", "POST", jobs_path, expect={200, 202}, token=admin, request_id=True,
@@ -1444,14 +1457,29 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
                 problems.append(f"a done job at {j['percent']} %")
             if j["startedAt"] is None or j["finishedAt"] is None:
                 problems.append("a done job without startedAt/finishedAt")
-            if j["usersDone"] > j["usersTotal"] or j["usersSkipped"] > j["usersTotal"]:
-                problems.append(f"done {j['usersDone']} / skipped {j['usersSkipped']} > total {j['usersTotal']}")
+            if j["usersExamined"] > j["usersTotal"]:
+                problems.append(f"examined {j['usersExamined']} > total {j['usersTotal']}")
+            if j["usersExamined"] != j["usersWritten"] + j["usersAlreadyCurrent"] + j["usersSkipped"]:
+                problems.append(f"examined {j['usersExamined']} is not written {j['usersWritten']} + already current "
+                                f"{j['usersAlreadyCurrent']} + skipped {j['usersSkipped']}")
             if j["finishedAt"] and j["startedAt"] and j["finishedAt"] < j["startedAt"]:
                 problems.append("finishedAt before startedAt")
             return problems
 
         ck.call("the job completes: done, 100 %, times set", "GET", f"{jobs_path}/{final['id']}", expect=200,
                 token=admin, then=finished)
+
+        def nothing_left(r):
+            data = r.json["data"]
+            problems = [] if data["nothingToDo"] else ["nothingToDo is false after a finished job"]
+            if (data["job"] or {}).get("id") != final["id"]:
+                problems.append(f"job {(data['job'] or {}).get('id')} returned, expected the finished {final['id']}")
+            if r.header("location") != f"{jobs_path}/{final['id']}":
+                problems.append(f"Location {r.header('location')!r} does not name job {final['id']}")
+            return problems
+
+        ck.call("triggering after the job is done makes no job (200, nothingToDo)", "POST", jobs_path, expect=200,
+                token=admin, then=nothing_left)
         ck.call("a same-version recompute keeps the acknowledgement", "GET", today, expect=200, token=t,
                 then=acknowledged_now)
 

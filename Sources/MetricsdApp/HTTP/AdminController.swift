@@ -20,7 +20,9 @@ struct AdminController {
         ]
     }
 
-    /// Creates the job for this build's formula version (202), or returns the pending/running one (200).
+    /// Creates the job for this build's formula version (202), or returns the pending/running one (200), or, when
+    /// every user already has this version's row for their current date (or a current skip verdict), makes no
+    /// job and returns the newest finished one (200, `nothingToDo`).
     @Sendable func trigger(_ request: EndpointRequest) async throws -> Reply {
         // No body, or a JSON object (reserved for options): anything else is a client error.
         // (Decoded as a dictionary: an empty `Decodable` struct would accept any JSON value, arrays included.)
@@ -30,13 +32,34 @@ struct AdminController {
                 throw AppError.badRequest("body must be empty or a JSON object")
             }
         }
-        let (job, created) = try await self.jobs.trigger(version: self.formula.version, requestedBy: "http")
-        request.logger.info(
-            created ? "Recompute job created" : "Recompute job already active",
-            metadata: ["metricsd.job.id": "\(job.id)", "metricsd.version": "\(job.version)"])
+        let version = self.formula.version
+        let outcome = try await self.jobs.trigger(version: version, requestedBy: "http")
+        var metadata: Logger.Metadata = ["metricsd.version": "\(version)"]
+        if let job = outcome.job { metadata["metricsd.job.id"] = "\(job.id)" }
+        request.logger.info("\(Self.message(outcome, version: version))", metadata: metadata)
+        let body = Self.envelope([
+            "created": .bool(outcome.created),
+            "nothingToDo": .bool({ if case .nothingToDo = outcome { return true } else { return false } }()),
+            "message": .string(Self.message(outcome, version: version)),
+            "job": outcome.job.map { .raw(Self.json($0)) } ?? .null,
+        ])
+        guard let job = outcome.job else { return .json(body) }
         return .json(
-            Self.envelope(["created": .bool(created), "job": .raw(Self.json(job))]),
-            status: created ? .accepted : .ok, headers: [.location: "/v1/admin/recompute/\(job.id)"])
+            body, status: outcome.created ? .accepted : .ok, headers: [.location: "/v1/admin/recompute/\(job.id)"])
+    }
+
+    /// One sentence for the API's `message`, the log and the CLI.
+    static func message(_ outcome: RecomputeJobs.TriggerOutcome, version: Int) -> String {
+        switch outcome {
+        case .created(let job):
+            "recompute job \(job.id) created for formula version \(version) (\(job.usersTotal) users)"
+        case .active(let job):
+            "recompute job \(job.id) for formula version \(version) is already \(job.state.rawValue)"
+        case .nothingToDo(let latest):
+            "nothing to do: every user already has a formula version \(version) row for their current local date "
+                + "(or a skip verdict for it)"
+                + (latest.map { "; latest job \($0.id) \($0.state.rawValue): \($0.counts.summary)" } ?? "")
+        }
     }
 
     @Sendable func list(_ request: EndpointRequest) async throws -> Reply {
@@ -83,7 +106,9 @@ struct AdminController {
             "version": .int(Int64(job.version)),
             "state": .string(job.state.rawValue),
             "usersTotal": .int(job.usersTotal),
-            "usersDone": .int(job.usersDone),
+            "usersExamined": .int(job.usersExamined),
+            "usersWritten": .int(job.usersWritten),
+            "usersAlreadyCurrent": .int(job.usersAlreadyCurrent),
             "usersSkipped": .int(job.usersSkipped),
             "percent": .double((job.percent * 10).rounded() / 10),
             "ratePerSecond": job.ratePerSecond.map { .double(($0 * 10).rounded() / 10) } ?? .null,

@@ -154,6 +154,12 @@ public struct Scheduler: Service {
                     continue
                 }
                 claimed = chunk
+                if let previous = chunk.takenOverFrom {
+                    self.reporter.recordTakeover(chunk)
+                    var metadata = Self.metadata(chunk)
+                    metadata["metricsd.lease.previous_owner"] = "\(previous)"
+                    self.logger.warning("Took over a chunk whose lease another instance let expire", metadata: metadata)
+                }
                 self.status.activity(key, Self.describe(chunk))
                 let started = ContinuousClock.now
                 let liveness = self.liveness
@@ -197,18 +203,28 @@ public struct Scheduler: Service {
     private func reportFinished(_ finished: WorkQueue.Finished) {
         self.reporter.recordFinished(finished)
         switch finished {
-        case .unit(let zone, let date, let version, let total, let computed, let skipped, let seconds):
-            self.logger.info(
-                "Daily unit done",
-                metadata: [
-                    "metricsd.zone": "\(zone)", "metricsd.date": "\(date)", "metricsd.version": "\(version)",
-                    "metricsd.users.total": "\(total)", "metricsd.users.computed": "\(computed)",
-                    "metricsd.users.skipped": "\(skipped)",
-                    "metricsd.duration.seconds": "\((seconds * 1000).rounded() / 1000)",
-                ])
-        case .job(let id):
-            self.logger.info("Recompute job done", metadata: ["metricsd.job.id": "\(id)"])
+        case .unit(let zone, let date, let version, let counts, let seconds, let delay):
+            var metadata = Self.metadata(counts)
+            metadata["metricsd.zone"] = "\(zone)"
+            metadata["metricsd.date"] = "\(date)"
+            metadata["metricsd.version"] = "\(version)"
+            metadata["metricsd.duration.seconds"] = "\((seconds * 1000).rounded() / 1000)"
+            metadata["metricsd.delay.seconds"] = "\((delay * 1000).rounded() / 1000)"
+            self.logger.info("Daily unit done: \(counts.summary)", metadata: metadata)
+        case .job(let id, let counts, let seconds):
+            var metadata = Self.metadata(counts)
+            metadata["metricsd.job.id"] = "\(id)"
+            metadata["metricsd.duration.seconds"] = "\((seconds * 1000).rounded() / 1000)"
+            self.logger.info("Recompute job \(id) done: \(counts.summary)", metadata: metadata)
         }
+    }
+
+    static func metadata(_ counts: WorkCounts) -> Logger.Metadata {
+        [
+            "metricsd.users.total": "\(counts.total)", "metricsd.users.examined": "\(counts.examined)",
+            "metricsd.users.written": "\(counts.written)", "metricsd.users.already_current": "\(counts.alreadyCurrent)",
+            "metricsd.users.skipped": "\(counts.skipped)",
+        ]
     }
 
     static func describe(_ chunk: ClaimedChunk) -> String {
