@@ -54,7 +54,8 @@ public enum Daemon {
         let pool = PostgresPool(
             settings: settings,
             configuration: .init(
-                size: configuration.poolSize, acquireTimeout: .milliseconds(Int64(configuration.acquireTimeoutMilliseconds))),
+                size: configuration.poolSize, acquireTimeout: .milliseconds(Int64(configuration.acquireTimeoutMilliseconds)),
+                maxSessionAge: .milliseconds(Int64(configuration.sessionMaxAgeSeconds * 1000))),
             logger: logger)
         let lifecycle = Lifecycle()
         let signals = Task { await Self.watchSignals(lifecycle: lifecycle, notifier: notifier, logger: logger) }

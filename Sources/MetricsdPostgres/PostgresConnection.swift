@@ -90,6 +90,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     private var preparedNames: Set<String> = []
     /// Set once the connection has failed in a way that makes it unusable.
     public private(set) var isBroken = false
+    /// When the session was opened (the pool recycles sessions older than its `maxSessionAge`).
+    public let openedAt = ContinuousClock.now
 
     /// Opens a connection (blocking; call from a thread-pool thread).
     public init(settings: ConnectionSettings) throws(PostgresError) {

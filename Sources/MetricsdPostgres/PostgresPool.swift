@@ -17,10 +17,16 @@ public final class PostgresPool: Sendable {
         public var size: Int
         /// How long a caller waits for a free connection before `.poolTimeout`. Default 2 s.
         public var acquireTimeout: TimeAmount
+        /// A pooled session older than this is closed instead of used, and a new one opened in its place; nil
+        /// keeps sessions for as long as they work. Each PostgreSQL session loads a time zone's rules once and
+        /// keeps them, so this bounds how long the daemon goes on with old rules after a tz database update on
+        /// the server: every statement runs on a session opened at most this long before it started.
+        public var maxSessionAge: Duration?
 
-        public init(size: Int = 8, acquireTimeout: TimeAmount = .seconds(2)) {
+        public init(size: Int = 8, acquireTimeout: TimeAmount = .seconds(2), maxSessionAge: Duration? = nil) {
             self.size = size
             self.acquireTimeout = acquireTimeout
+            self.maxSessionAge = maxSessionAge
         }
     }
 
@@ -130,12 +136,25 @@ public final class PostgresPool: Sendable {
     ) async throws -> T {
         let slot = try await self.acquire()
         let settings = self.settings
+        let maxSessionAge = self.configuration.maxSessionAge
+        let logger = self.logger
         let transfer = UnsafeTransfer(slot)
         let outcome = try await self.threadPool.runIfActive { () -> UnsafeTransfer<(PostgresConnection?, Result<T, any Error>)> in
+            var reusable: PostgresConnection?
+            if case .connection(let existing) = transfer.value, !fresh {
+                if let maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge {
+                    // Closed when its last reference goes, after the new session is open.
+                    logger.debug(
+                        "Recycling a database session older than its maximum age",
+                        metadata: ["metricsd.db_session_max_age_s": "\(maxSessionAge.components.seconds)"])
+                } else {
+                    reusable = existing
+                }
+            }
             let connection: PostgresConnection
-            switch transfer.value {
-            case .connection(let existing) where !fresh: connection = existing
-            case .connection, .open:
+            if let reusable {
+                connection = reusable
+            } else {
                 do {
                     connection = try PostgresConnection(settings: settings)
                 } catch {

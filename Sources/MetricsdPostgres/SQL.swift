@@ -7,13 +7,25 @@ enum SQL {
     // MARK: Schedule: the one place that decides when a zone's daily run is due
 
     /// Each time zone in use, whether the database knows it, its local time now, and its **due date**: the latest
-    /// local date whose daily time has passed, `local_now::date - (local_now::time < daily_at)`.
+    /// local date whose daily time has passed, `local_now::date - (local_now::time < daily_at)`, or the date
+    /// before that when that one never existed in the zone (below).
     ///
     /// Evaluated on the database's clock and tz rules. This wall-clock predicate gives exactly the rule
     /// of the daily schedule: the run falls due at the first instant at or after D + daily time local; in a DST gap that is the
     /// first instant after the gap (local time jumps past the daily time); in an overlap the date is already
     /// due at the first occurrence and the (zone, date, version) key makes the second one a no-op.
     /// Zones PostgreSQL does not know follow UTC, so their users are still listed as skipped once a day.
+    ///
+    /// A local date that never existed in the zone (no instant of its 00:00–24:00 happened there, e.g.
+    /// Pacific/Apia 2011-12-30, when Samoa crossed the date line) is never due: the due date is the latest
+    /// *existing* date whose daily time has passed, so between the first instant of the next date and its daily
+    /// time the zone's due date stays the day before the jump, whose unit already exists. A date exists when its
+    /// first or its last microsecond, turned into an instant and back by the database's rules, falls on that date
+    /// (PostgreSQL resolves a local time in a gap with the offset before the transition, which carries a skipped
+    /// date forward onto the next one). Only dates before today need the test (today exists: it is now), so it
+    /// runs only between local midnight and the daily time. It is exact for any single transition; only a day
+    /// with two forward jumps that together swallow its start and its end but not its middle would be misread,
+    /// and tzdata has none.
     ///
     /// Parameters: `$1` now (NULL = `now()`), `$2` daily time (`HH:MM`). The zones come from a loose index scan
     /// over `users (timezone, id)`: one probe per distinct zone, not a scan of every user.
@@ -33,8 +45,18 @@ enum SQL {
           WHERE z.timezone IS NOT NULL
         ),
         schedule AS (
-          SELECT timezone, known, local_now, local_now::date - (local_now::time < $2::time)::int AS due_date
-          FROM local
+          SELECT l.timezone, l.known, l.local_now,
+                 CASE WHEN l.local_now::time >= $2::time THEN l.local_now::date
+                      WHEN NOT l.known THEN l.local_now::date - 1
+                      ELSE (SELECT l.local_now::date - g
+                            FROM generate_series(1, 3) g
+                            WHERE (((l.local_now::date - g)::timestamp AT TIME ZONE l.timezone)
+                                   AT TIME ZONE l.timezone)::date = l.local_now::date - g
+                               OR (((l.local_now::date - g + 1)::timestamp - interval '1 microsecond')
+                                   AT TIME ZONE l.timezone AT TIME ZONE l.timezone)::date = l.local_now::date - g
+                            ORDER BY g LIMIT 1)
+                 END AS due_date
+          FROM local l
         )
         """
 
@@ -283,8 +305,9 @@ enum SQL {
         case updateIfChanged
         /// Recompute jobs: a user who already has the row is left alone.
         case keep
-        /// Settings changes and on-demand computation: also refresh a row computed before the settings last
-        /// changed, moving `computed_at` forward.
+        /// Settings changes (a time zone change is one) and on-demand computation: also refresh a row computed
+        /// before the settings last changed, moving `computed_at` forward, and remove the user's rows
+        /// dated after their current local date (left by a zone change that moved the local date back).
         case refreshIfStale
     }
 
@@ -316,6 +339,24 @@ enum SQL {
                 AND $5::int IS NULL AND $6::int IS NULL AND $7::float8 IS NULL AND $8::bool IS NULL
             )
             """
+        // A daily chunk writes only users still in its zone when it commits: a user who moved to another zone
+        // after the chunk read them gets no row (and no skip record) for the old zone's date. The rows are
+        // locked FOR SHARE, so a concurrent zone change waits for this commit (and then its refresh sees and
+        // removes what no longer fits) or, if it committed first, is seen here.
+        let inZone =
+            fenced
+            ? """
+            in_zone AS (
+              SELECT u.id FROM users u JOIN work_chunks c ON c.id = $2
+              WHERE (c.timezone IS NULL OR u.timezone = c.timezone)
+                AND (u.id = ANY($9::bigint[])
+                     OR u.id IN (SELECT (e ->> 'u')::bigint FROM jsonb_array_elements($16::jsonb) e))
+              ORDER BY u.id
+              FOR SHARE OF u
+            ),
+            """ : ""
+        let stillInZone = fenced ? " AND b.user_id IN (SELECT id FROM in_zone)" : ""
+        let skipStillInZone = fenced ? " AND j.u IN (SELECT id FROM in_zone)" : ""
         func insert(onlyNew: Bool) -> String {
             let absent =
                 onlyNew
@@ -327,7 +368,7 @@ enum SQL {
             return """
                 INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
                   SELECT b.user_id, b.bmi, b.bmr, b.tdee, $15, b.metrics_date, b.stamp
-                  FROM batch b WHERE EXISTS (SELECT 1 FROM fence)\(absent)
+                  FROM batch b WHERE EXISTS (SELECT 1 FROM fence)\(stillInZone)\(absent)
                   ORDER BY b.user_id
                 """
         }
@@ -362,8 +403,8 @@ enum SQL {
                   SET bmi = b.bmi, bmr = b.bmr, tdee = b.tdee,
                       computed_at = greatest(b.stamp, pm.computed_at + interval '1 millisecond')
                   FROM batch b
-                  WHERE EXISTS (SELECT 1 FROM fence) AND pm.user_id = b.user_id AND pm.metrics_date = b.metrics_date
-                    AND pm.version = $15
+                  WHERE EXISTS (SELECT 1 FROM fence)\(stillInZone) AND pm.user_id = b.user_id
+                    AND pm.metrics_date = b.metrics_date AND pm.version = $15
                     AND ((pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (b.bmi, b.bmr, b.tdee)
                          OR pm.computed_at <= b.settings_updated_at)
                   RETURNING pm.user_id
@@ -373,7 +414,18 @@ enum SQL {
                   ON CONFLICT (user_id, metrics_date, version) DO NOTHING
                   RETURNING pm.user_id
                 ),
-                written AS (SELECT user_id FROM refreshed UNION ALL SELECT user_id FROM inserted)
+                written AS (SELECT user_id FROM refreshed UNION ALL SELECT user_id FROM inserted),
+                -- Rows dated after the user's current local date: left by a time zone change that moved the local
+                -- date back (a day not yet reached in the new zone). Never written otherwise: the daily job and
+                -- recomputation write no date ahead of the user's current one.
+                ahead AS (
+                  DELETE FROM profile_metrics pm
+                  USING (SELECT b.user_id, b.metrics_date FROM batch b
+                         UNION ALL
+                         SELECT j.u, j.d FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, d date)) cur
+                  WHERE EXISTS (SELECT 1 FROM fence) AND pm.user_id = cur.user_id AND pm.metrics_date > cur.metrics_date
+                  RETURNING 1
+                )
                 """
         }
         // Settings changes stamp computed_at after the change they answer (the sweep's staleness test);
@@ -388,6 +440,7 @@ enum SQL {
                      date_trunc('milliseconds', coalesce($1::timestamptz, clock_timestamp())) AS stamp
             ),
             \(fence),
+            \(inZone)
             batch AS (
               SELECT r.*, \(stamp) AS stamp
               FROM unnest($9::bigint[], $10::numeric[], $11::int[], $12::int[], $13::date[], $14::timestamptz[])
@@ -399,7 +452,7 @@ enum SQL {
               INSERT INTO metrics_skips AS ms (user_id, reason_codes, reasons, metrics_date, version, source, recorded_at)
               SELECT j.u, string_to_array(j.c, ','), j.r, j.d, $15, $18, (SELECT now FROM clock)
               FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, c text, r text, d date)
-              WHERE EXISTS (SELECT 1 FROM fence)
+              WHERE EXISTS (SELECT 1 FROM fence)\(skipStillInZone)
               ON CONFLICT (user_id) DO UPDATE
                 SET reason_codes = excluded.reason_codes, reasons = excluded.reasons,
                     metrics_date = excluded.metrics_date, version = excluded.version, source = excluded.source,

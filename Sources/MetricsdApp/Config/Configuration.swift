@@ -35,6 +35,10 @@ public struct Configuration: Sendable {
     public var readBatches: Int
     /// `METRICSD_DB_ACQUIRE_TIMEOUT_MS`: how long a request waits for a free connection before a 503. Default 2000.
     public var acquireTimeoutMilliseconds: Int
+    /// `METRICSD_DB_SESSION_MAX_AGE`: seconds a pooled database session is used before it is replaced by a new
+    /// one, default 600. PostgreSQL sessions keep a time zone's rules once loaded, so this bounds how long the
+    /// daemon follows old rules after a tz database update on the server.
+    public var sessionMaxAgeSeconds: Double
     /// `METRICSD_WORKERS`: chunks this instance works on at once, default 2.
     public var workers: Int
     /// `METRICSD_BATCH_SIZE` (users per transaction, default 1000), `METRICSD_CHUNK_SIZE` (users per claim,
@@ -106,6 +110,7 @@ public struct Configuration: Sendable {
         self.readBatches = try reader.integer(
             "METRICSD_READ_BATCHES", default: min(2, self.poolSize), range: 1...self.poolSize)
         self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
+        self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")

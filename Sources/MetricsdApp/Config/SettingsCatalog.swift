@@ -136,6 +136,10 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_DB_ACQUIRE_TIMEOUT_MS", .database, .integer(10...60_000), default: "2000",
             "How long a request waits for a free connection before answering 503, in milliseconds."),
+        Setting(
+            "METRICSD_DB_SESSION_MAX_AGE", .database, .number(1...86_400), default: "600",
+            "Seconds a database session is used before a new one replaces it. Sessions keep a time zone's rules once loaded, so after a tzdata update on the database server the daemon follows the new rules within this time (plus one scheduler tick)."
+        ),
 
         Setting("METRICSD_LISTEN", .http, .address, default: "127.0.0.1:8080", "The HTTP API listener."),
         Setting(
