@@ -58,11 +58,14 @@ enum CommandLineFront {
         var text: String
         if let command {
             text = Metricsd.helpMessage(for: command.type, columns: width)
+            while text.hasSuffix("\n") { text.removeLast() }
             text += "\n\n"
             text += command.environment.map { Documentation.commandEnvironmentHelp($0, width: width) }
                 ?? Documentation.environmentHelp(width: width)
         } else {
-            text = Metricsd.helpMessage(columns: width) + "\n\n" + Documentation.environmentHelp(width: width)
+            text = Metricsd.helpMessage(columns: width)
+            while text.hasSuffix("\n") { text.removeLast() }
+            text += "\n\n" + Documentation.environmentHelp(width: width)
         }
         print(text)
         return 0

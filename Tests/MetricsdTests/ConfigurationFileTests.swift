@@ -130,5 +130,9 @@ import Testing
         } catch {
             #expect(error.message == "cannot read \(directory)/absent.env (no such file or directory)")
         }
+        // A leading "-" makes a named file optional, as in EnvironmentFile=.
+        let optional = try HostEnvironment(["METRICSD_ENV_FILE": "-" + directory + "/absent.env"])
+        #expect(optional.settingsFile == nil)
+        #expect(optional.environment["METRICSD_CONFIG_FILE"] == "-" + directory + "/metricsd.conf")
     }
 }

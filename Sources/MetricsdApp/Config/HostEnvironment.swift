@@ -6,7 +6,7 @@ import Foundation
 /// Under systemd (`INVOCATION_ID` or `CREDENTIALS_DIRECTORY` set) the unit has already done this
 /// (`EnvironmentFile=`, `LoadCredential=`): the environment is used as it is. Otherwise:
 /// 1. the settings file, `METRICSD_ENV_FILE` (default `/etc/metricsd/metricsd.env`; optional unless named
-///    explicitly), fills in every setting the environment does not set: an exported variable always wins;
+///    explicitly without a leading `-`), fills in every setting the environment does not set: an exported variable always wins;
 /// 2. `METRICSD_CONFIG_FILE` defaults to `-<that directory>/metricsd.conf`, as in the unit;
 /// 3. the credentials in `METRICSD_CREDSTORE` (default `/etc/credstore`): `metricsd-jwt-secret`,
 ///    `metricsd-admin-token`, `metricsd-db-password`, when present and readable, are used as
@@ -60,10 +60,16 @@ public struct HostEnvironment: Sendable {
         }
         self.underSystemd = false
         var environment = base
-        let explicitFile = base["METRICSD_ENV_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        // Optional when not named, or named with a leading "-" (as in EnvironmentFile=); required otherwise.
+        var explicitFile = base["METRICSD_ENV_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        var required = explicitFile != nil
+        if let named = explicitFile, named.hasPrefix("-") {
+            explicitFile = String(named.dropFirst())
+            required = false
+        }
         let file = explicitFile ?? Self.defaultEnvironmentFile
         var fromFile: [String] = []
-        if explicitFile != nil || FileManager.default.fileExists(atPath: file) {
+        if required || FileManager.default.fileExists(atPath: file) {
             for assignment in try EnvironmentFile.read(file) where base[assignment.name] == nil {
                 environment[assignment.name] = assignment.value
                 if !fromFile.contains(assignment.name) { fromFile.append(assignment.name) }

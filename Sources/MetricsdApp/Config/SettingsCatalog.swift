@@ -30,7 +30,7 @@ public struct Setting: Sendable {
         case logging = "Logging"
         case tokens = "End-user tokens"
         case admin = "Admin"
-        case files = "Files read by metricsd run by hand"
+        case files = "Files"
         case testing = "Testing only (never set in production)"
     }
 
