@@ -378,7 +378,11 @@ paths:
             X-Request-Id:
               $ref: '#/components/headers/X-Request-Id'
             Location:
-              $ref: '#/components/headers/JobLocation'
+              description: The returned job's own URL, `/v1/admin/recompute/{id}`; absent when `job` is `null`.
+              required: false
+              schema:
+                type: string
+                pattern: '^/v1/admin/recompute/[1-9][0-9]*$'
           content:
             application/json:
               schema:

@@ -188,14 +188,15 @@ enum SQL {
 
     /// Claims the next chunk: daily work first, then recompute work, each in creation order. A chunk is free
     /// when pending, or when its lease has expired by the database clock (its holder crashed or stalled).
-    /// Marks its unit or job running, and names the instance whose expired lease it takes over (a chunk handed
-    /// back on shutdown has no owner left). Only chunks of this build's formula version are claimed: during a rolling
+    /// Marks its unit or job running, and names the instance whose expired lease it takes over (not for a chunk
+    /// handed back on shutdown, which is pending again, nor for a retry after a recorded failure). Only chunks of this build's formula version are claimed: during a rolling
     /// upgrade each version's instances do their own version's work. `$1` now, `$2` owner, `$3` lease seconds,
     /// `$4` formula version.
     static let claimChunk = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         next AS (
-          SELECT c.id, c.state AS previous_state, c.lease_owner AS previous_owner FROM work_chunks c
+          SELECT c.id, c.state AS previous_state, c.lease_owner AS previous_owner, c.last_error AS previous_error
+          FROM work_chunks c
           WHERE c.version = $4
             AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
           ORDER BY c.priority, c.id
@@ -209,7 +210,8 @@ enum SQL {
           FROM next WHERE c.id = next.id
           RETURNING c.id, c.kind, c.timezone, c.local_date, c.version, c.job_id, c.range_start, c.range_end,
                     c.cursor_user_id, c.attempts,
-                    CASE WHEN next.previous_state = 'running' AND next.previous_owner <> $2
+                    CASE WHEN next.previous_state = 'running' AND next.previous_error IS NULL
+                              AND next.previous_owner <> $2
                          THEN next.previous_owner END AS taken_over_from
         ),
         unit AS (
@@ -229,16 +231,16 @@ enum SQL {
         FROM claimed
         """
 
-    /// Gives a chunk back at once (graceful stop): a peer may claim it on its next tick, and does not count it as
-    /// a lease taken over (no owner left). `$1` now, `$2` id, `$3` owner.
+    /// Gives a chunk back at once (graceful stop): pending again, so a peer may claim it on its next tick, and
+    /// does not count it as a lease taken over. `$1` now, `$2` id, `$3` owner.
     static let releaseChunk = """
         UPDATE work_chunks SET lease_until = coalesce($1::timestamptz, now()) - interval '1 millisecond',
-                               lease_owner = NULL
+                               state = 'pending'
         WHERE id = $2 AND lease_owner = $3 AND state = 'running'
         """
 
     /// Records a failed attempt and backs off before the chunk may be claimed again (1 s, 2 s, 4 s … 5 min);
-    /// the chunk keeps no owner, so the next claim is a retry, not a lease taken over.
+    /// the error it records makes the next claim a retry, not a lease taken over.
     /// `$1` now, `$2` id, `$3` owner, `$4` error.
     /// A recompute chunk that failed 10 times fails its job (an operator must look); a daily chunk keeps
     /// retrying, and shows as overdue.
@@ -247,7 +249,7 @@ enum SQL {
           UPDATE work_chunks
           SET lease_until = coalesce($1::timestamptz, now())
                             + make_interval(secs => least(300, power(2, least(attempts, 9)))),
-              lease_owner = NULL, last_error = left($4, 500),
+              last_error = left($4, 500),
               state = CASE WHEN kind = 'recompute' AND attempts >= 10 THEN 'cancelled' ELSE state END
           WHERE id = $2 AND lease_owner = $3 AND state = 'running'
           RETURNING job_id, attempts

@@ -285,7 +285,8 @@ import Testing
             let bumped = try await DaemonProcess.start(database: database, extra: ["METRICSD_TEST_FORMULA_VERSION": "2"])
             let trigger = try await bumped.send(
                 "/v1/admin/recompute", method: .post, headers: TestTokens.bearer(APIServer.adminToken))
-            #expect(trigger.status == 202, "\(trigger)")
+            // 202, or 200 when the version-2 daily unit has already given every user their row (nothing to do).
+            #expect(trigger.status == 202 || trigger.status == 200, "\(trigger)")
             let recomputed = try await DaemonProcess.eventually(timeout: .seconds(30)) {
                 try await today(bumped)["metrics"]?["version"] == .number(2)
             }

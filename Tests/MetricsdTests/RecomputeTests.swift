@@ -199,6 +199,19 @@ import Testing
                 .compactMap { $0.first ?? nil }
             #expect(owners.contains(String(b.pid)) && owners.contains(String(c.pid)), "both instances made progress: \(owners)")
 
+            // The chunks A held when it died were taken over, named and counted.
+            var takenOver = 0.0
+            for daemon in [b, c] {
+                let scraped = try await OperabilityTests.scrape(daemon)
+                for kind in ["daily", "recompute"] {
+                    takenOver += OperabilityTests.value(scraped, "metricsd_work_leases_taken_over_total", ["kind": kind]) ?? 0
+                }
+            }
+            #expect(takenOver >= 1, "no lease taken over from the killed instance")
+            #expect(
+                (b.log + c.log).contains("Took over a chunk whose lease another instance let expire"), "\(b.log.suffix(1500))")
+            #expect((b.log + c.log).contains(":\(a.pid):"), "the previous owner (instance of pid \(a.pid)) is named")
+
             // The progress document over HTTP and on the command line.
             let admin = TestTokens.bearer(DaemonProcess.secrets.adminToken)
             let response = try await b.request("/v1/admin/recompute/1", headers: admin)
