@@ -88,6 +88,9 @@ final class DaemonProcess: @unchecked Sendable {  // the Process is only touched
             "METRICSD_LOG_LEVEL": "info",
             "METRICSD_TICK_SECONDS": "0.5",
             "METRICSD_IDLE_POLL_SECONDS": "0.2",
+            // Exactly these settings: never the host's /etc/metricsd/metricsd.env or /etc/credstore.
+            "METRICSD_ENV_FILE": "/dev/null",
+            "METRICSD_CREDSTORE": "/nonexistent",
         ]
         environment.merge(extra) { $1 }
         return environment
