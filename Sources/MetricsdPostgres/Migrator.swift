@@ -87,6 +87,10 @@ public struct Migrator: Sendable {
     public func migrate(
         on connection: PostgresConnection, logger: Logger, beforeStep: (String, Int, Int) -> Void = { _, _, _ in }
     ) throws -> [String] {
+        // Waiting for another instance's migration and building indexes may take long: no statement deadline.
+        let deadline = connection.statementDeadlineSeconds
+        connection.statementDeadlineSeconds = nil
+        defer { connection.statementDeadlineSeconds = deadline }
         try connection.query("SELECT pg_advisory_lock($1)", [String(Self.lockKey)])
         defer { _ = try? connection.query("SELECT pg_advisory_unlock($1)", [String(Self.lockKey)]) }
         try connection.execute(

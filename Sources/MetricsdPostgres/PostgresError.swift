@@ -52,6 +52,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
         default: break
         }
         let known: [(String, String)] = [
+            // First: with a multi-host string libpq reports every host, e.g. one refused and one a standby.
+            ("is read-only", "no read-write server reachable"), ("read-only transaction", "no read-write server reachable"),
+            ("hot standby", "no read-write server reachable"), ("no answer from the database within", "database not answering"),
             ("Connection refused", "connection refused"), ("timeout expired", "connection timed out"),
             ("authentication failed", "authentication failed"), ("too many clients", "too many connections"),
             ("remaining connection slots", "too many connections"), ("is starting up", "database starting up"),

@@ -81,11 +81,23 @@ public final class PostgresStore: MetricsStore {
         return .notComputedYet
     }
 
+    /// How long `/readyz` waits for its probe transaction to commit.
+    static let readinessWriteSeconds = 3.0
+
     public func readiness() async -> Readiness {
         let migrator = self.migrator
         do {
             let pending = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-                try migrator.pending(on: connection)
+                // Ready means writes complete: one transaction that writes WAL (a transactional logical-decoding
+                // message, no table touched) must commit within a few seconds. It would not on a read-only server
+                // (refused on connect anyway), nor when every COMMIT waits for a synchronous standby that is not
+                // there (a promoted standby that kept synchronous_standby_names): then 503 "database not
+                // answering" instead of a false 200. (`txid_current()` alone writes no WAL and never waits.)
+                let deadline = connection.statementDeadlineSeconds
+                connection.statementDeadlineSeconds = min(deadline ?? Self.readinessWriteSeconds, Self.readinessWriteSeconds)
+                defer { connection.statementDeadlineSeconds = deadline }
+                try connection.query("SELECT pg_logical_emit_message(true, 'metricsd', 'readyz')")
+                return try migrator.pending(on: connection)
             }
             if pending.isEmpty { return Readiness(database: .ok, schema: .current, reason: nil) }
             return Readiness(

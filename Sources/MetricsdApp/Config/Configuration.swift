@@ -62,6 +62,9 @@ public struct Configuration: Sendable {
     /// needs the database, so more in flight only wait, and under overload (the fault-injection suite: 512
     /// connections) they waited up to 10 s instead of getting a fast 503.
     public var maxInFlight: Int
+    /// `METRICSD_DB_STATEMENT_DEADLINE_SECONDS`: how long one database statement may go without an answer before
+    /// it is cancelled and its connection dropped (default 30; migrations have no limit).
+    public var statementDeadlineSeconds: Double
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
     /// `METRICSD_FAULTS` (testing only): injected faults, e.g. `stall-scheduler-after=3`.
@@ -111,6 +114,7 @@ public struct Configuration: Sendable {
             "METRICSD_READ_BATCHES", default: min(2, self.poolSize), range: 1...self.poolSize)
         self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
         self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
+        self.statementDeadlineSeconds = try reader.number("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
@@ -135,8 +139,10 @@ public struct Configuration: Sendable {
     /// The libpq connection settings (validates `DATABASE_URL` with libpq's own parser).
     public func connectionSettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings {
         do {
-            return try ConnectionSettings(
+            var settings = try ConnectionSettings(
                 conninfo: self.databaseURL, password: self.databasePassword, environment: environment)
+            settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            return settings
         } catch {
             throw ConfigurationError(error.message)
         }

@@ -122,7 +122,7 @@ public enum SettingsCatalog {
     public static let all: [Setting] = [
         Setting(
             "DATABASE_URL", .database, .conninfo, unset: "libpq's defaults",
-            "PostgreSQL connection, e.g. postgresql:///metricsd?host=/var/run/postgresql (peer authentication over the local socket). Unset or empty: libpq's defaults and PG* variables (PGHOST, PGDATABASE, PGUSER...), i.e. the local socket and a database named after the user."
+            "PostgreSQL connection, e.g. postgresql:///metricsd?host=/var/run/postgresql (peer authentication over the local socket). Unset or empty: libpq's defaults and PG* variables (PGHOST, PGDATABASE, PGUSER...), i.e. the local socket and a database named after the user. A primary with standbys: list every server, postgresql://metricsd@db1:5432,db2:5432/metricsd?target_session_attrs=read-write&connect_timeout=5, and libpq picks the one that takes writes."
         ),
         Setting(
             "METRICSD_DB_PASSWORD_FILE", .database, .file, unset: "no password file",
@@ -136,6 +136,10 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_DB_ACQUIRE_TIMEOUT_MS", .database, .integer(10...60_000), default: "2000",
             "How long a request waits for a free connection before answering 503, in milliseconds."),
+        Setting(
+            "METRICSD_DB_STATEMENT_DEADLINE_SECONDS", .database, .number(1...3600), default: "30",
+            "Seconds one database statement (a COMMIT included) may take before metricsd cancels it and drops the connection, so nothing waits forever on a server that stopped answering (a promoted standby still waiting for a synchronous standby, a vanished host). Migrations have no deadline."
+        ),
         Setting(
             "METRICSD_DB_SESSION_MAX_AGE", .database, .number(1...86_400), default: "600",
             "Seconds a database session is used before a new one replaces it. Sessions keep a time zone's rules once loaded, so after a tzdata update on the database server the daemon follows the new rules within this time (plus one scheduler tick)."

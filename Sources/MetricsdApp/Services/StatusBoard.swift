@@ -52,7 +52,8 @@ public final class StatusBoard: Sendable {
         if let database = state.database { parts.append(database) }
         let activities = Set(state.activity.values).sorted()
         if activities.isEmpty {
-            parts.append("idle")
+            // Not "idle" while the database fails: due work may be waiting, and the line must not say all is calm.
+            parts.append(state.database == nil ? "idle" : "work waiting for the database")
         } else {
             parts.append(activities.joined(separator: ", "))
         }

@@ -10,6 +10,12 @@ struct ThrowawayCluster: Sendable {
     let port: Int
     private let script: String
 
+    init(directory: String, port: Int, script: String) {
+        self.directory = directory
+        self.port = port
+        self.script = script
+    }
+
     /// Creates (initdb, a few seconds) a stopped cluster on a free port.
     static func create(_ label: String) async throws -> ThrowawayCluster {
         let environment = ProcessInfo.processInfo.environment
