@@ -74,6 +74,22 @@ import Testing
     }
 
     /// The settings the notify protocol and restart policy depend on, in the section where they take effect.
+    /// The README's install steps are exactly `scripts/install-steps`, the file the package test runs in a fresh
+    /// Debian root: what operators read is what was tested.
+    @Test func readmeInstallStepsAreTheTestedScript() throws {
+        let script = try String(contentsOf: Self.repositoryRoot.appendingPathComponent("scripts/install-steps"), encoding: .utf8)
+        let readme = try String(contentsOf: Self.repositoryRoot.appendingPathComponent("README.md"), encoding: .utf8)
+        let first = "# 1. The package"
+        let steps = try #require(script.range(of: first)).lowerBound
+        let tested = String(script[steps...]).trimmingCharacters(in: .whitespacesAndNewlines)
+        let start = try #require(readme.range(of: "```sh\n" + first)).lowerBound
+        let blockStart = readme.index(start, offsetBy: "```sh\n".count)
+        let end = try #require(readme.range(of: "\n```", range: blockStart..<readme.endIndex)).lowerBound
+        let shown = String(readme[blockStart..<end])
+            .replacingOccurrences(of: #"\./metricsd_[^ ]*_amd64\.deb"#, with: "\"$DEB\"", options: .regularExpression)
+        #expect(shown == tested)
+    }
+
     @Test func protocolSettingsAreInTheirSections() throws {
         let sections = try Self.parse(String(contentsOf: Self.unitFile, encoding: .utf8))
         let unit = try #require(sections["Unit"])
