@@ -38,9 +38,14 @@ public enum Secrets {
 
     /// The whole file as UTF-8 text (empty allowed); errors say "cannot read PATH (reason)".
     static func readText(_ path: String) throws(ConfigurationError) -> String {
+        // FileHandle, not Data(contentsOf:): that refuses character devices, and /dev/null is a fine empty file.
+        guard let handle = FileHandle(forReadingAtPath: path) else {
+            throw ConfigurationError("cannot read \(path) (\(Self.errnoReason(path)))")
+        }
+        defer { try? handle.close() }
         let data: Data
         do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
+            data = try handle.readToEnd() ?? Data()
         } catch {
             throw ConfigurationError("cannot read \(path) (\(Self.errnoReason(path)))")
         }

@@ -89,7 +89,7 @@ final class DaemonProcess: @unchecked Sendable {  // the Process is only touched
             "METRICSD_TICK_SECONDS": "0.5",
             "METRICSD_IDLE_POLL_SECONDS": "0.2",
             // Exactly these settings: never the host's /etc/metricsd/metricsd.env or /etc/credstore.
-            "METRICSD_ENV_FILE": "/dev/null",
+            "METRICSD_ENV_FILE": "-/nonexistent/metricsd.env",
             "METRICSD_CREDSTORE": "/nonexistent",
         ]
         environment.merge(extra) { $1 }
