@@ -110,18 +110,18 @@ struct Skipped: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List users who got no metrics, and why.")
 
     // A string, checked in validate(): as an Int, "--limit -1" read "-1" as an option ("Missing value").
-    @Option(parsing: .unconditional, help: "How many users to list, newest first (1-10000).")
+    @Option(parsing: .unconditional, help: "How many users to list, newest first (1-10000000).")
     var limit = "50"
 
     @Flag(help: "Print JSON.")
     var json = false
 
     func validate() throws {
-        _ = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000)
+        _ = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000_000)
     }
 
     func run() async throws {
-        let limit = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000)
+        let limit = try CommandLineFront.wholeNumber(self.limit, option: "--limit", range: 1...10_000_000)
         try await CommandLineTool.run { tool in
             try await tool.skipped(limit: limit, json: self.json)
         }

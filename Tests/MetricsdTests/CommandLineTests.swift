@@ -81,10 +81,10 @@ import Testing
     }
 
     @Test(arguments: [
-        (["skipped", "--limit", "-1"], "--limit must be a whole number from 1 to 10000, got -1"),
-        (["skipped", "--limit", "abc"], "--limit must be a whole number from 1 to 10000, got abc"),
-        (["skipped", "--limit", "0"], "--limit must be a whole number from 1 to 10000, got 0"),
-        (["skipped", "--limit", "10001"], "--limit must be a whole number from 1 to 10000, got 10001"),
+        (["skipped", "--limit", "-1"], "--limit must be a whole number from 1 to 10000000, got -1"),
+        (["skipped", "--limit", "abc"], "--limit must be a whole number from 1 to 10000000, got abc"),
+        (["skipped", "--limit", "0"], "--limit must be a whole number from 1 to 10000000, got 0"),
+        (["skipped", "--limit", "10000001"], "--limit must be a whole number from 1 to 10000000, got 10000001"),
         (["healthcheck", "--timeout", "-1"], "--timeout must be a number of seconds from 0.1 to 300, got -1"),
         (["healthcheck", "--timeout", "soon"], "--timeout must be a number of seconds from 0.1 to 300, got soon"),
     ])
