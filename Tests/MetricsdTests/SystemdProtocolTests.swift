@@ -117,7 +117,7 @@ import NotifyTestSupport
             _ = try await Self.ready(manager, daemon)
             let datagrams = manager.datagrams
             let total = Migration.all.count
-            #expect(total == 5)
+            #expect(total >= 2, "several migrations, so several steps")
             var previous = 0
             for step in 1...total {
                 let index = try #require(
