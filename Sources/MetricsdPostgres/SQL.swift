@@ -348,17 +348,21 @@ enum SQL {
         let inZone =
             fenced
             ? """
+            chunk_zone AS (SELECT timezone FROM work_chunks WHERE id = $2),
             in_zone AS (
-              SELECT u.id FROM users u JOIN work_chunks c ON c.id = $2
-              WHERE (c.timezone IS NULL OR u.timezone = c.timezone)
-                AND (u.id = ANY($9::bigint[])
-                     OR u.id IN (SELECT (e ->> 'u')::bigint FROM jsonb_array_elements($16::jsonb) e))
+              SELECT u.id FROM users u
+              WHERE u.id = ANY($9::bigint[] || ARRAY(SELECT (e ->> 'u')::bigint FROM jsonb_array_elements($16::jsonb) e))
+                AND u.timezone = (SELECT timezone FROM chunk_zone)
               ORDER BY u.id
               FOR SHARE OF u
             ),
             """ : ""
-        let stillInZone = fenced ? " AND b.user_id IN (SELECT id FROM in_zone)" : ""
-        let skipStillInZone = fenced ? " AND j.u IN (SELECT id FROM in_zone)" : ""
+        // One array of ids, so the users are found through their primary key (an `OR … IN (subquery)` here made
+        // PostgreSQL scan every user for every batch); recompute chunks have no zone, lock nothing and keep all.
+        let stillInZone =
+            fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR b.user_id IN (SELECT id FROM in_zone))" : ""
+        let skipStillInZone =
+            fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR j.u IN (SELECT id FROM in_zone))" : ""
         func insert(onlyNew: Bool) -> String {
             let absent =
                 onlyNew
