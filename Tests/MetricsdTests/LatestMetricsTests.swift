@@ -41,7 +41,8 @@ import Testing
             #expect(Int(try await database.value("SELECT count(*) FROM profile_metrics") ?? "0")! >= 100_000)
             let plan = try await database.rows("EXPLAIN " + SQL.latestMetrics.replacingOccurrences(of: "$1", with: "4242"))
                 .map { $0.first.flatMap { $0 } ?? "" }.joined(separator: "\n")
-            #expect(plan.contains("Index Scan using profile_metrics_user_computed_at_idx on profile_metrics"), "plan:\n\(plan)")
+            // The index is ascending: the newest row is the first one read backwards.
+            #expect(plan.contains("Index Scan Backward using profile_metrics_user_computed_at_idx on profile_metrics"), "plan:\n\(plan)")
             #expect(!plan.contains("Seq Scan on profile_metrics"), "plan:\n\(plan)")
             // The same through a prepared statement (generic plan) as the daemon runs it.
             let generic = try await database.pool.withConnection { connection in
@@ -50,14 +51,14 @@ import Testing
                 let result = try connection.query("EXPLAIN EXECUTE latest(4242)")
                 return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
             }
-            #expect(generic.contains("Index Scan using profile_metrics_user_computed_at_idx"), "generic plan:\n\(generic)")
+            #expect(generic.contains("Index Scan Backward using profile_metrics_user_computed_at_idx"), "generic plan:\n\(generic)")
             // The batched read: one index probe per user of the array, never a scan of the table.
             let batch = try await database.pool.withConnection { connection in
                 try connection.execute("PREPARE latest_batch(bigint[]) AS " + SQL.latestMetricsBatch)
                 let result = try connection.query("EXPLAIN EXECUTE latest_batch('{4242,17,99}')")
                 return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
             }
-            #expect(batch.contains("Index Scan using profile_metrics_user_computed_at_idx"), "batch plan:\n\(batch)")
+            #expect(batch.contains("Index Scan Backward using profile_metrics_user_computed_at_idx"), "batch plan:\n\(batch)")
             #expect(!batch.contains("Seq Scan on profile_metrics"), "batch plan:\n\(batch)")
         }
     }
