@@ -42,18 +42,20 @@ extension SQL {
         GROUP BY j.id, j.users_total, j.started_at, j.created_at
         """
 
-    /// Claims the next chunk: daily work first, then recompute work, each in creation order. A chunk is free
-    /// when pending, or when its lease has expired by the database clock (its holder crashed or stalled).
-    /// Marks its unit or job running, and names the instance whose expired lease it takes over (not for a chunk
-    /// handed back on shutdown, which is pending again, nor for a retry after a recorded failure). Only chunks of
-    /// this build's formula version are claimed: during a rolling upgrade each version's instances do their own
-    /// version's work. `$1` now, `$2` owner, `$3` lease seconds, `$4` formula version.
+    /// Claims the next chunk: daily work first, then recompute work, then (when `$5` is true) retention work, each
+    /// in creation order. A chunk is free when pending, or when its lease has expired by the database clock (its
+    /// holder crashed or stalled). Marks its unit, job or retention run running, and names the instance whose
+    /// expired lease it takes over (not for a chunk handed back on shutdown, which is pending again, nor for a
+    /// retry after a recorded failure). Only daily and recompute chunks of this build's formula version are
+    /// claimed: during a rolling upgrade each version's instances do their own version's work; retention chunks
+    /// (version 0) do not depend on the formulas. `$1` now, `$2` owner, `$3` lease seconds, `$4` formula
+    /// version, `$5` retention chunks too.
     static let claimChunk = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         next AS (
           SELECT c.id, c.state AS previous_state, c.lease_owner AS previous_owner, c.last_error AS previous_error
           FROM work_chunks c
-          WHERE c.version = $4
+          WHERE (c.version = $4 OR ($5::bool AND c.kind = 'retention'))
             AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
           ORDER BY c.priority, c.id
           LIMIT 1
@@ -65,7 +67,7 @@ extension SQL {
               attempts = c.attempts + 1, started_at = coalesce(c.started_at, (SELECT now FROM clock))
           FROM next WHERE c.id = next.id
           RETURNING c.id, c.kind, c.timezone, c.local_date, c.version, c.job_id, c.range_start, c.range_end,
-                    c.cursor_user_id, c.attempts,
+                    c.cursor_user_id, c.attempts, c.retention_run_id,
                     CASE WHEN next.previous_state = 'running' AND next.previous_error IS NULL
                               AND next.previous_owner <> $2
                          THEN next.previous_owner END AS taken_over_from
@@ -81,9 +83,14 @@ extension SQL {
           UPDATE recompute_jobs j SET state = 'running', started_at = coalesce(j.started_at, (SELECT now FROM clock))
           FROM claimed c WHERE c.kind = 'recompute' AND j.id = c.job_id AND j.state = 'pending'
           RETURNING 1
+        ),
+        run AS (
+          UPDATE retention_runs r SET state = 'running', started_at = coalesce(r.started_at, (SELECT now FROM clock))
+          FROM claimed c WHERE c.kind = 'retention' AND r.id = c.retention_run_id AND r.state = 'pending'
+          RETURNING 1
         )
         SELECT id, kind, timezone, local_date::text, version, job_id, range_start, range_end, cursor_user_id, attempts,
-               taken_over_from
+               taken_over_from, retention_run_id
         FROM claimed
         """
 

@@ -2,13 +2,14 @@ import CoreMetrics
 import HealthMetrics
 import Logging
 
-/// Durable, claimable work over PostgreSQL: daily units and recompute jobs, split into chunks of user-id ranges
-/// that any instance claims with a row lease and works through in keyset batches.
+/// Durable, claimable work over PostgreSQL: daily units and recompute jobs, split into chunks of user-id ranges,
+/// and retention runs, split into chunks of one `metrics_date` each, that any instance claims with a row lease and
+/// works through in keyset batches.
 ///
-/// One mechanism serves both kinds: `claim` takes the next chunk (daily first), `process` writes it batch by
-/// batch, each batch's upserts and the chunk's cursor and lease renewal in one transaction fenced on the lease.
-/// A crash loses at most the uncommitted batch; another instance resumes from the cursor once the lease has
-/// expired by the database clock.
+/// One mechanism serves every kind: `claimWork` takes the next chunk (daily first, then recompute, then
+/// retention), `process` works through it batch by batch, each batch's writes (or removals) and the chunk's cursor
+/// and lease renewal in one transaction fenced on the lease. A crash loses at most the uncommitted batch; another
+/// instance resumes from the cursor once the lease has expired by the database clock.
 public struct WorkQueue: Sendable {
     public struct Configuration: Sendable {
         /// Users per keyset batch (one transaction). Default 1000.
@@ -27,6 +28,8 @@ public struct WorkQueue: Sendable {
         public var beforeCommit: (@Sendable (PostgresConnection, ClaimedChunk) throws -> Void)?
         /// Called after a batch's `COMMIT`.
         public var afterCommit: (@Sendable (PostgresConnection, ClaimedChunk) throws -> Void)?
+        /// Called after a retention batch's statement, before its `COMMIT`.
+        public var retentionBeforeCommit: (@Sendable (PostgresConnection, RetentionChunk) throws -> Void)?
         public init() {}
     }
 
@@ -99,32 +102,52 @@ public struct WorkQueue: Sendable {
 
     // MARK: Claiming and processing
 
-    /// Claims the next free chunk, daily work first; nil when there is nothing to do.
+    /// Claims the next free chunk of users to compute, daily work first; nil when there is none. (`claimWork`
+    /// also takes retention chunks.)
     public func claim(now: Timestamp? = nil) async throws -> ClaimedChunk? {
+        guard case .users(let chunk)? = try await self.claimNext(retention: false, now: now) else { return nil }
+        return chunk
+    }
+
+    /// Claims the next free chunk of any kind: daily, then recompute, then retention work.
+    public func claimWork(now: Timestamp? = nil) async throws -> ClaimedWork? {
+        try await self.claimNext(retention: true, now: now)
+    }
+
+    private func claimNext(retention: Bool, now: Timestamp?) async throws -> ClaimedWork? {
         let owner = self.owner
         let lease = String(self.configuration.leaseSeconds)
         let version = String(self.formula.version)
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.prepared(
-                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version])
+                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version, retention ? "true" : "false"])
             guard result.rowCount == 1 else { return nil }
-            return try ClaimedChunk(result, row: 0)
+            if try result.requiredString(0, 1) == "retention" { return .retention(try RetentionChunk(result, row: 0)) }
+            return .users(try ClaimedChunk(result, row: 0))
         }
     }
 
     /// Gives the chunk back at once so a peer can take it over (graceful stop).
     public func release(_ chunk: ClaimedChunk, now: Timestamp? = nil) async throws {
-        let owner = self.owner
-        _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try connection.prepared("release_chunk", SQL.releaseChunk, [now?.iso8601, String(chunk.id), owner])
-        }
+        try await self.release(chunkID: chunk.id, now: now)
     }
 
     /// Records a failed attempt; the chunk becomes claimable again after a backoff.
     public func fail(_ chunk: ClaimedChunk, error: String, now: Timestamp? = nil) async throws {
+        try await self.fail(chunkID: chunk.id, error: error, now: now)
+    }
+
+    func release(chunkID: Int64, now: Timestamp?) async throws {
         let owner = self.owner
         _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try connection.prepared("fail_chunk", SQL.failChunk, [now?.iso8601, String(chunk.id), owner, error])
+            try connection.prepared("release_chunk", SQL.releaseChunk, [now?.iso8601, String(chunkID), owner])
+        }
+    }
+
+    func fail(chunkID: Int64, error: String, now: Timestamp?) async throws {
+        let owner = self.owner
+        _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            try connection.prepared("fail_chunk", SQL.failChunk, [now?.iso8601, String(chunkID), owner, error])
         }
     }
 
