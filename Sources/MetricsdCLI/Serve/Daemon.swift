@@ -1,0 +1,107 @@
+import CoreMetrics
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdDaemon
+import MetricsdHTTP
+import MetricsdPostgres
+import MetricsdSystemd
+import NIOCore
+import Prometheus
+import ServiceLifecycle
+
+/// `metricsd serve`: start-up in systemd's order, the services, reload and shutdown (README, "systemd").
+///
+/// 1. configuration and credentials (errors: one line on stderr, `STATUS=`/`ERRNO=`, exit 1);
+/// 2. the database: retried with capped backoff while unreachable, `STATUS=waiting for database: …`, no READY;
+/// 3. the schema: migrated with `--migrate` (`EXTEND_TIMEOUT_USEC` before each step), else it must be current;
+/// 4. the HTTP listener bound, the scheduler running, then `READY=1` with `STATUS=serving on <addr>; …`.
+/// Steps 2–4 and everything after are services of one `ServiceGroup` (``DaemonAssembly``), ordered by gates.
+/// SIGHUP reloads (log level, secret files, daily time); SIGTERM/SIGINT stop gracefully, a second one at once.
+public enum Daemon {
+    /// Runs the daemon until it stops; returns the process exit code.
+    public static func serve(environment base: [String: String], migrate: Bool) async -> Int32 {
+        let early = SystemdNotifier()  // before logging exists: configuration errors only
+        let environment: [String: String]
+        let configuration: Configuration
+        do {
+            environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
+            configuration = try Configuration(environment: environment)
+        } catch {
+            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
+        }
+        let levelBox = LogLevelBox(configuration.logLevel)
+        LoggingSystem.bootstrap { label in
+            LogSetup.makeHandler(label: label, format: configuration.logFormat, level: levelBox, environment: environment)
+        }
+        let logger = Logger(label: "metricsd")
+        let notifier = SystemdNotifier(logger: logger)  // logs the first failed send
+        // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
+        let fatalLogger: Logger? =
+            LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(DocumentedMetricsFactory(registry: registry))
+
+        let tokens: TokenVerifier
+        let settings: ConnectionSettings
+        do {
+            tokens = try await TokenVerifier(configuration.tokens)
+            settings = try configuration.connectionSettings(environment: environment)
+        } catch {
+            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: notifier, logger: fatalLogger)
+        }
+        let pool = PostgresPool(
+            settings: settings,
+            configuration: .init(
+                size: configuration.poolSize, acquireTimeout: .milliseconds(Int64(configuration.acquireTimeoutMilliseconds)),
+                maxSessionAge: .milliseconds(Int64(configuration.sessionMaxAgeSeconds * 1000))),
+            logger: logger)
+        let assembly = DaemonAssembly(
+            configuration: configuration, environment: environment, migrate: migrate, tokens: tokens, pool: pool,
+            registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current, logger: logger)
+
+        let code: Int32
+        do {
+            try await assembly.group().run()
+            if assembly.databasePrepared.isOpen {
+                logger.info("metricsd stopped")
+            } else {
+                notifier.stopping(status: "stopped during start-up")
+                logger.info("Stopped during start-up")
+            }
+            code = 0
+        } catch let error as StartupError {
+            code = Self.fatal(error.message, errno: error.errno, notifier: notifier, logger: fatalLogger)
+        } catch {
+            code = Self.fatal(
+                Self.describe(error, listen: configuration.listen), errno: Self.errno(of: error), notifier: notifier,
+                logger: fatalLogger)
+        }
+        await pool.close()
+        return code
+    }
+
+    // MARK: Errors
+
+    /// One line on stderr, `STATUS=`/`ERRNO=` to systemd, exit code 1.
+    static func fatal(_ message: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil) -> Int32 {
+        logger?.critical("Fatal", metadata: ["metricsd.error": "\(message)"])
+        FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
+        notifier.fatal(status: "failed: \(message)", errno: errno)
+        return 1
+    }
+
+    static func describe(_ error: any Error, listen: ListenAddress) -> String {
+        if let error = error as? IOError {
+            return "cannot listen on \(listen): \(String(cString: strerror(error.errnoCode)).lowercased())"
+        }
+        if let error = error as? ServiceGroupError {
+            return "service failed: \(error)"
+        }
+        return "\(error)"
+    }
+
+    static func errno(of error: any Error) -> Int32 {
+        (error as? IOError)?.errnoCode ?? EIO
+    }
+}
