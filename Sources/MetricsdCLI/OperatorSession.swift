@@ -250,7 +250,8 @@ public struct OperatorSession: Sendable {
 
     public func status(json: Bool) async throws {
         let report = try await StatusReport.gather(
-            pool: self.pool, dailyAt: self.configuration.dailyAt, formula: self.configuration.formula)
+            pool: self.pool, dailyAt: self.configuration.dailyAt, formula: self.configuration.formula,
+            retentionDays: self.configuration.retentionDays)
         Self.print(json ? report.json : report.text)
     }
 

@@ -16,8 +16,13 @@ struct StatusReport {
     let skips: [(reason: String, users: Int)]
     let jobs: [RecomputeJob]
     let versions: [(version: Int?, users: Int)]
+    /// METRICSD_RETENTION_DAYS (0: off) and where retention stands.
+    let retentionDays: Int
+    let retention: RetentionStatus
 
-    static func gather(pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula) async throws -> StatusReport {
+    static func gather(pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula, retentionDays: Int)
+        async throws -> StatusReport
+    {
         let queries = StatusQueries(pool: pool)
         let migrator = Migrator()
         let schema = try await pool.withConnection { try migrator.status(on: $0) }
@@ -32,7 +37,8 @@ struct StatusReport {
             migrationsKnown: migrator.migrations.count, instances: try await queries.instances(),
             zones: try await queries.zones(dailyAt: dailyAt, version: formula.version),
             skips: try await queries.skipsByReason(), jobs: try await RecomputeJobs(pool: pool).recent(limit: 5),
-            versions: try await queries.usersByLatestVersion())
+            versions: try await queries.usersByLatestVersion(), retentionDays: retentionDays,
+            retention: try await queries.retention(days: max(1, retentionDays)))
     }
 
     private func count(_ state: StatusQueries.ZoneStatus.State) -> Int {
@@ -93,12 +99,45 @@ struct StatusReport {
         lines.append(self.jobs.isEmpty ? "recompute jobs: none" : "recompute jobs:")
         for job in self.jobs { lines.append("  " + OperatorSession.progressLine(job)) }
         lines.append("")
+        lines.append(self.retentionLine)
+        if let run = self.retention.latest {
+            lines.append(
+                "  latest run \(run.id): \(run.state)\(run.fullPass ? " (full pass)" : ""), cutoff \(run.cutoff), "
+                    + "dates \(run.datesDone)/\(run.dates), \(run.removed) rows removed, created \(run.createdAt)"
+                    + (run.finishedAt.map { ", finished \($0)" } ?? ""))
+        }
+        lines.append("")
         lines.append("users by formula version of their latest metrics:")
         lines.append(
             TextTable.render(
                 header: ["VERSION", "USERS"],
                 rows: self.versions.map { [$0.version.map { "v\($0)" + ($0 == self.formulaVersion ? " (current)" : " (old)") } ?? "no metrics", String($0.users)] }))
         return lines.joined(separator: "\n")
+    }
+
+    var retentionLine: String {
+        guard self.retentionDays > 0 else { return "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)" }
+        let behind = self.retention.behindSeconds
+        return "retention: rows older than \(self.retentionDays) days are removed; "
+            + (behind < 7200
+                ? "caught up"
+                : "behind by " + (behind < 172_800 ? OperatorSession.duration(behind) : "\(Int(behind / 86400)) days"))
+    }
+
+    var retentionJSON: String {
+        let run = self.retention.latest.map { run in
+            JSONWriter.object([
+                "id": .int(run.id), "state": .string(run.state), "cutoff": .timestamp(run.cutoff),
+                "fullPass": .bool(run.fullPass), "datesDone": .int(Int64(run.datesDone)), "dates": .int(Int64(run.dates)),
+                "rowsRemoved": .int(run.removed), "createdAt": .timestamp(run.createdAt),
+                "finishedAt": run.finishedAt.map { .timestamp($0) } ?? .null,
+            ])
+        }
+        return JSONWriter.object([
+            "days": .int(Int64(self.retentionDays)),
+            "behindSeconds": self.retentionDays > 0 ? .double((self.retention.behindSeconds * 10).rounded() / 10) : .null,
+            "latestRun": run.map { .raw($0) } ?? .null,
+        ])
     }
 
     var json: String {
@@ -144,6 +183,7 @@ struct StatusReport {
                 "[" + self.skips.map { JSONWriter.object(["reason": .string($0.reason), "users": .int(Int64($0.users))]) }
                     .joined(separator: ",") + "]"),
             "recomputeJobs": .raw("[" + self.jobs.map(AdminController.json).joined(separator: ",") + "]"),
+            "retention": .raw(self.retentionJSON),
             "usersByFormulaVersion": .raw(
                 "["
                     + self.versions.map {

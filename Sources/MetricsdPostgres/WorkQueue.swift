@@ -137,6 +137,16 @@ public struct WorkQueue: Sendable {
         try await self.fail(chunkID: chunk.id, error: error, now: now)
     }
 
+    /// Gives any claimed chunk back at once (graceful stop).
+    public func release(_ work: ClaimedWork, now: Timestamp? = nil) async throws {
+        try await self.release(chunkID: work.id, now: now)
+    }
+
+    /// Records a failed attempt on any claimed chunk.
+    public func fail(_ work: ClaimedWork, error: String, now: Timestamp? = nil) async throws {
+        try await self.fail(chunkID: work.id, error: error, now: now)
+    }
+
     func release(chunkID: Int64, now: Timestamp?) async throws {
         let owner = self.owner
         _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in

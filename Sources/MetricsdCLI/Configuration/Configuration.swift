@@ -50,6 +50,9 @@ public struct Configuration: Sendable {
     public var tickSeconds: Double
     /// `METRICSD_IDLE_POLL_SECONDS`: how often idle workers look for work queued by others, default 2.
     public var idlePollSeconds: Double
+    /// `METRICSD_RETENTION_DAYS`: metrics rows computed more than this many days ago are removed in the
+    /// background (each user's newest row of each version stays); 0, the default, keeps everything.
+    public var retentionDays: Int
     /// `METRICSD_SHUTDOWN_SECONDS`: how long SIGTERM waits for requests and the current batch, default 20
     /// (below the unit's `TimeoutStopSec=30s`).
     public var shutdownSeconds: Double
@@ -123,6 +126,7 @@ public struct Configuration: Sendable {
         self.work = work
         self.tickSeconds = try reader.number("METRICSD_TICK_SECONDS")
         self.idlePollSeconds = try reader.number("METRICSD_IDLE_POLL_SECONDS")
+        self.retentionDays = try reader.integer("METRICSD_RETENTION_DAYS")
         self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS")
         self.requestTimeoutSeconds = try reader.number("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")

@@ -181,6 +181,10 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_IDLE_POLL_SECONDS", .schedule, .number(0.05...600), default: "2",
             "How often idle workers look for work queued by other instances."),
+        Setting(
+            "METRICSD_RETENTION_DAYS", .schedule, .integer(0...36_500), default: "0",
+            "Remove metrics rows computed more than this many days ago, in the background, shared by the instances that set it (0: keep everything). Each user keeps their newest row of each formula version, and a row goes only once a newer one is over 3 days old."
+        ),
 
         Setting(
             "METRICSD_LOG_LEVEL", .logging, .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"]),

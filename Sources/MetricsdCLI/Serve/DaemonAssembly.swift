@@ -74,12 +74,15 @@ struct DaemonAssembly {
         let liveness = Liveness()
         let signal = WorkSignal()
         let status = StatusBoard(notifier: self.notifier)
-        let reporter = OperatorMetrics(status: StatusQueries(pool: self.pool), jobs: jobs, version: formula.version)
+        let reporter = OperatorMetrics(
+            status: StatusQueries(pool: self.pool), jobs: jobs, version: formula.version,
+            retentionDays: configuration.retentionDays)
 
         var schedulerConfiguration = Scheduler.Configuration()
         schedulerConfiguration.tick = .milliseconds(Int64(configuration.tickSeconds * 1000))
         schedulerConfiguration.idlePoll = .milliseconds(Int64(configuration.idlePollSeconds * 1000))
         schedulerConfiguration.workers = configuration.workers
+        schedulerConfiguration.retentionDays = configuration.retentionDays
         schedulerConfiguration.beforeTick = self.hooks.beforeTick
         let scheduler = Scheduler(
             queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,

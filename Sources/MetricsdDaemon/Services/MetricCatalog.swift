@@ -116,7 +116,7 @@ enum MetricCatalog {
             "Chunks this instance lost mid-work (its lease expired and another took it, or the work was cancelled); the last batch was rolled back."),
         Entry(
             "metricsd_work_failures_total", .counter, labels: ["kind"],
-            "Failed attempts at a chunk (daily, recompute) or at claiming one (claim); the chunk is retried after a backoff."),
+            "Failed attempts at a chunk (daily, recompute, retention) or at claiming one (claim); the chunk is retried after a backoff."),
 
         // Recompute jobs
         Entry(
@@ -125,6 +125,17 @@ enum MetricCatalog {
         Entry(
             "metricsd_recompute_users", .gauge, labels: ["state"],
             "Users of the active recompute jobs: total (when created) and examined so far."),
+
+        // Retention
+        Entry(
+            "metricsd_retention_rows_removed_total", .counter,
+            "Metrics rows this instance removed because they were older than METRICSD_RETENTION_DAYS."),
+        Entry(
+            "metricsd_retention_runs_completed_total", .counter,
+            "Retention runs this instance saw finish (the last chunk's worker or the tick's sweep)."),
+        Entry(
+            "metricsd_retention_behind_seconds", .gauge,
+            "How far removal lags METRICSD_RETENTION_DAYS: the cutoff the setting asks for now minus the last finished run's (before the first, minus the oldest row's date). Only while retention is on."),
     ]
 
     static let byName: [String: Entry] = Dictionary(uniqueKeysWithValues: entries.map { ($0.name, $0) })

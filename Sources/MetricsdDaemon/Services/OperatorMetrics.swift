@@ -22,6 +22,13 @@ package final class OperatorMetrics: Sendable {
     private let recomputeTotal = Gauge(label: "metricsd_recompute_users", dimensions: [("state", "total")])
     private let recomputeActive = Gauge(label: "metricsd_recompute_jobs_active")
     private let work: [String: WorkSeries]
+    private let retentionDays: Int
+    private let retentionRemoved = Counter(label: "metricsd_retention_rows_removed_total")
+    private let retentionRuns = Counter(label: "metricsd_retention_runs_completed_total")
+    private let retentionTakenOver = Counter(
+        label: "metricsd_work_leases_taken_over_total", dimensions: [("kind", "retention")])
+    /// Only while retention is on: a 0 would read as "caught up".
+    private let retentionBehind: Gauge?
 
     /// The per-kind counters of the work vocabulary: examined = written + already current + skipped.
     private struct WorkSeries: Sendable {
@@ -40,10 +47,12 @@ package final class OperatorMetrics: Sendable {
         }
     }
 
-    package init(status: StatusQueries, jobs: RecomputeJobs, version: Int) {
+    package init(status: StatusQueries, jobs: RecomputeJobs, version: Int, retentionDays: Int = 0) {
         self.status = status
         self.jobs = jobs
         self.version = version
+        self.retentionDays = retentionDays
+        self.retentionBehind = retentionDays > 0 ? Gauge(label: "metricsd_retention_behind_seconds") : nil
         // Made at start-up, so every family is on /metrics (at 0) before the first unit or job.
         self.work = ["daily": WorkSeries(kind: "daily"), "recompute": WorkSeries(kind: "recompute")]
         Gauge(label: "metricsd_build_info", dimensions: [("version", BuildInfo.version), ("formula_version", String(version))])
@@ -63,6 +72,9 @@ package final class OperatorMetrics: Sendable {
         self.recomputeActive.record(active.count)
         self.recomputeExamined.record(active.reduce(0) { $0 + $1.usersExamined })
         self.recomputeTotal.record(active.reduce(0) { $0 + $1.usersTotal })
+        if let behind = self.retentionBehind {
+            behind.record(try await self.status.retention(days: self.retentionDays).behindSeconds)
+        }
     }
 
     private static func kind(_ chunk: ClaimedChunk) -> String {
@@ -72,9 +84,29 @@ package final class OperatorMetrics: Sendable {
         }
     }
 
+    private static func kind(_ work: ClaimedWork) -> String {
+        switch work {
+        case .users(let chunk): Self.kind(chunk)
+        case .retention: "retention"
+        }
+    }
+
     /// A claim of a chunk whose lease another instance held and let expire.
-    func recordTakeover(_ chunk: ClaimedChunk) {
-        self.work[Self.kind(chunk)]?.takenOver.increment()
+    func recordTakeover(_ work: ClaimedWork) {
+        switch work {
+        case .users(let chunk): self.work[Self.kind(chunk)]?.takenOver.increment()
+        case .retention: self.retentionTakenOver.increment()
+        }
+    }
+
+    /// What a retention chunk removed.
+    func recordRemoval(_ progress: WorkQueue.RetentionProgress) {
+        self.retentionRemoved.increment(by: progress.removed)
+        if progress.end == .leaseLost { self.chunksLost.increment() }
+    }
+
+    func recordRetentionRun(_ run: WorkQueue.FinishedRetentionRun) {
+        self.retentionRuns.increment()
     }
 
     func recordChunk(_ chunk: ClaimedChunk, progress: WorkQueue.ChunkProgress, duration: Duration) {
@@ -93,8 +125,8 @@ package final class OperatorMetrics: Sendable {
     }
 
     /// A worker failed on a chunk (database error, lost connection …); the chunk is retried after a backoff.
-    func recordFailure(_ chunk: ClaimedChunk?) {
-        let kind = chunk.map(Self.kind) ?? "claim"
+    func recordFailure(_ work: ClaimedWork?) {
+        let kind = work.map(Self.kind) ?? "claim"
         Counter(label: "metricsd_work_failures_total", dimensions: [("kind", kind)]).increment()
     }
 

@@ -7,18 +7,22 @@ import MetricsdPostgres
 import ServiceLifecycle
 import Synchronization
 
-/// The daily job and recompute workers of one instance.
+/// The daily job, recompute and retention workers of one instance.
 ///
 /// - A tick loop asks PostgreSQL, about once a minute, which zones' daily time has passed (the database decides,
-///   on its clock and tz rules; see `SQL.zoneScheduleCTE`) and creates their units. It beats `Liveness` every
-///   second; the database work of a tick runs beside it, so a slow database never looks like a hang.
-/// - Workers claim chunks (daily first, then recompute) and work through them batch by batch. On SIGTERM they
-///   finish the batch in hand, give the chunk back at once and stop.
+///   on its clock and tz rules; see `SQL.zoneScheduleCTE`) and creates their units, and, with retention on, a
+///   retention run when one is due. It beats `Liveness` every second; the database work of a tick runs beside it,
+///   so a slow database never looks like a hang.
+/// - Workers claim chunks (daily first, then recompute, then retention) and work through them batch by batch. On
+///   SIGTERM they finish the batch in hand, give the chunk back at once and stop.
 public struct Scheduler: Service {
     public struct Configuration: Sendable {
         public var tick: Duration = .seconds(60)
         public var idlePoll: Duration = .seconds(2)
         public var workers: Int = 2
+        /// `METRICSD_RETENTION_DAYS`: 0 keeps every row; otherwise this instance creates retention runs and claims
+        /// their chunks.
+        public var retentionDays: Int = 0
         /// Runs before each turn of the tick loop with the number of ticks so far: a seam for tests, which
         /// inject a hang there (the loop stops beating, as a deadlock would). Nil in the shipped daemon.
         public var beforeTick: (@Sendable (Int) async -> Void)?
@@ -122,6 +126,7 @@ public struct Scheduler: Service {
             }
             if !units.isEmpty { self.signal.notify() }
             for finished in try await self.queue.finishCompleted() { self.reportFinished(finished) }
+            try await self.retentionTick()
             try await self.reporter.refresh(dailyAt: dailyAt)
             self.status.database(nil)
         } catch {
@@ -137,42 +142,31 @@ public struct Scheduler: Service {
         var failures = 0
         // A chunk whose failure could not be recorded (the database was unreachable): it stays leased to this
         // instance, untouched, for the rest of its lease unless the failure is recorded once the database is back.
-        var unrecorded: (chunk: ClaimedChunk, error: String)?
+        var unrecorded: (work: ClaimedWork, error: String)?
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            var claimed: ClaimedChunk?
+            var claimed: ClaimedWork?
             do {
                 if let failed = unrecorded {
-                    try await self.queue.fail(failed.chunk, error: failed.error)
+                    try await self.queue.fail(failed.work, error: failed.error)
                     unrecorded = nil
                 }
-                guard let chunk = try await self.queue.claim() else {
+                guard let work = try await self.claim() else {
                     self.status.activity(key, nil)
                     failures = 0
                     await cancelWhenGracefulShutdown { await self.signal.wait(timeout: self.configuration.idlePoll) }
                     continue
                 }
-                claimed = chunk
-                if let previous = chunk.takenOverFrom {
-                    self.reporter.recordTakeover(chunk)
-                    var metadata = Self.metadata(chunk)
+                claimed = work
+                if let previous = work.takenOverFrom {
+                    self.reporter.recordTakeover(work)
+                    var metadata = Self.metadata(work)
                     metadata["metricsd.lease.previous_owner"] = "\(previous)"
                     self.logger.warning("Took over a chunk whose lease another instance let expire", metadata: metadata)
                 }
-                self.status.activity(key, Self.describe(chunk))
-                let started = ContinuousClock.now
-                let liveness = self.liveness
-                let progress = try await self.queue.process(
-                    chunk, shouldStop: { Task.isShuttingDownGracefully }, afterBatch: { _ in liveness.beat() })
-                self.reporter.recordChunk(chunk, progress: progress, duration: ContinuousClock.now - started)
-                switch progress.end {
-                case .finished:
-                    for finished in try await self.queue.finishCompleted(after: chunk) { self.reportFinished(finished) }
-                case .stopped:
-                    self.logger.info("Chunk handed back on shutdown", metadata: Self.metadata(chunk))
-                case .leaseLost:
-                    self.logger.warning(
-                        "Chunk lease lost to another worker, or its work was cancelled; batch rolled back",
-                        metadata: Self.metadata(chunk))
+                self.status.activity(key, Self.describe(work))
+                switch work {
+                case .users(let chunk): try await self.compute(chunk)
+                case .retention(let chunk): try await self.remove(chunk)
                 }
                 failures = 0
                 self.status.database(nil)
@@ -183,18 +177,43 @@ public struct Scheduler: Service {
                 var metadata = claimed.map(Self.metadata) ?? [:]
                 metadata["metricsd.error"] = "\(error)"
                 self.logger.warning("Worker failed; retrying", metadata: metadata)
-                if let chunk = claimed {
+                if let work = claimed {
                     let message = "\(error)"
                     do {
-                        try await self.queue.fail(chunk, error: message)
+                        try await self.queue.fail(work, error: message)
                     } catch {
-                        unrecorded = (chunk, message)
+                        unrecorded = (work, message)
                     }
                 }
                 let backoff = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
                 await cancelWhenGracefulShutdown { try? await Task.sleep(for: backoff) }
             }
             self.status.activity(key, nil)
+        }
+    }
+
+    /// Claims the next chunk: retention chunks too when this instance has retention on.
+    private func claim() async throws -> ClaimedWork? {
+        if self.configuration.retentionDays > 0 { return try await self.queue.claimWork() }
+        return try await self.queue.claim().map(ClaimedWork.users)
+    }
+
+    /// Works through a chunk of a daily unit or a recompute job.
+    private func compute(_ chunk: ClaimedChunk) async throws {
+        let started = ContinuousClock.now
+        let liveness = self.liveness
+        let progress = try await self.queue.process(
+            chunk, shouldStop: { Task.isShuttingDownGracefully }, afterBatch: { _ in liveness.beat() })
+        self.reporter.recordChunk(chunk, progress: progress, duration: ContinuousClock.now - started)
+        switch progress.end {
+        case .finished:
+            for finished in try await self.queue.finishCompleted(after: chunk) { self.reportFinished(finished) }
+        case .stopped:
+            self.logger.info("Chunk handed back on shutdown", metadata: Self.metadata(.users(chunk)))
+        case .leaseLost:
+            self.logger.warning(
+                "Chunk lease lost to another worker, or its work was cancelled; batch rolled back",
+                metadata: Self.metadata(.users(chunk)))
         }
     }
 
@@ -225,21 +244,31 @@ public struct Scheduler: Service {
         ]
     }
 
-    static func describe(_ chunk: ClaimedChunk) -> String {
-        switch chunk.kind {
-        case .daily(let zone, let date): "daily \(zone) \(date)"
-        case .recompute(let job): "recompute job \(job)"
+    static func describe(_ work: ClaimedWork) -> String {
+        switch work {
+        case .users(let chunk):
+            switch chunk.kind {
+            case .daily(let zone, let date): "daily \(zone) \(date)"
+            case .recompute(let job): "recompute job \(job)"
+            }
+        case .retention(let chunk): "retention run \(chunk.runID) \(chunk.date)"
         }
     }
 
-    static func metadata(_ chunk: ClaimedChunk) -> Logger.Metadata {
-        var metadata: Logger.Metadata = ["metricsd.chunk.id": "\(chunk.id)"]
-        switch chunk.kind {
-        case .daily(let zone, let date):
-            metadata["metricsd.zone"] = "\(zone)"
-            metadata["metricsd.date"] = "\(date)"
-        case .recompute(let job):
-            metadata["metricsd.job.id"] = "\(job)"
+    static func metadata(_ work: ClaimedWork) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["metricsd.chunk.id": "\(work.id)"]
+        switch work {
+        case .users(let chunk):
+            switch chunk.kind {
+            case .daily(let zone, let date):
+                metadata["metricsd.zone"] = "\(zone)"
+                metadata["metricsd.date"] = "\(date)"
+            case .recompute(let job):
+                metadata["metricsd.job.id"] = "\(job)"
+            }
+        case .retention(let chunk):
+            metadata["metricsd.retention.run"] = "\(chunk.runID)"
+            metadata["metricsd.date"] = "\(chunk.date)"
         }
         return metadata
     }
