@@ -56,8 +56,13 @@ package final class LatestMetricsBatcher: Service, Sendable {
         self.state = Mutex(State(active: self.maxRunners))
     }
 
-    /// The runners, until the group shuts down gracefully (or the task is cancelled).
+    /// The runners, until the group shuts down gracefully (or the task is cancelled). May run again after it
+    /// returned (a test serving several times from one store): each run starts with every runner awake.
     package func run() async {
+        self.state.withLock { state in
+            state.stopping = false
+            state.active = self.maxRunners
+        }
         await withDiscardingTaskGroup { group in
             for _ in 0..<self.maxRunners {
                 group.addTask { await self.runner() }
