@@ -214,6 +214,27 @@ import Testing
         }
     }
 
+    /// METRICSD_RETENTION_DAYS: unset (or empty, like every setting) keeps every row; a value that is not a whole
+    /// number of days from 0 to 36500 is named with what was given.
+    @Test(arguments: ["-1", "30.5", "forever", "36501"])
+    func aBadRetentionSettingIsNamed(value: String) async throws {
+        let files = try HostFiles(settings: "METRICSD_RETENTION_DAYS=\(value)\n")
+        let result = try await Self.metricsd(["check-config"], files.environment)
+        #expect(result.status == 78, "\(result)")
+        let problems = result.stderr.split(separator: "\n").map(String.init)
+        #expect(
+            problems.contains("metricsd: METRICSD_RETENTION_DAYS: must be a whole number from 0 to 36500, got '\(value)'"),
+            "\(result.stderr)")
+    }
+
+    @Test func retentionIsOffUnlessSet() throws {
+        let base = ["DATABASE_URL": "postgresql:///metricsd", "METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]
+        #expect(try Configuration(environment: base).retentionDays == 0)
+        #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": ""]) { $1 }).retentionDays == 0)
+        #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "0"]) { $1 }).retentionDays == 0)
+        #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "400"]) { $1 }).retentionDays == 400)
+    }
+
     @Test func checkConfigReportsAnUnreachableDatabaseAndAMissingSecret() async throws {
         let files = try HostFiles(
             settings: "DATABASE_URL=postgresql://metricsd@127.0.0.1:1/metricsd?connect_timeout=2\n", jwtSecret: nil)

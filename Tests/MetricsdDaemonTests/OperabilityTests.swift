@@ -229,12 +229,75 @@ import Testing
             #expect(versions.count == 2)
             #expect(versions.first { $0["version"] as? Int == 1 }?["users"] as? Int == 9)
             #expect(versions.first { $0["version"] is NSNull }?["users"] as? Int == 21)
+            // Retention is off unless set: nothing ran, nothing is behind.
+            let retention = try #require(json["retention"] as? [String: Any], "\(json)")
+            #expect(retention["days"] as? Int == 0)
+            #expect(retention["behindSeconds"] is NSNull && retention["latestRun"] is NSNull, "\(retention)")
 
             let text = try DaemonProcess(arguments: ["status"], environment: ["DATABASE_URL": database.url])
             #expect(await text.waitForExit() == 0)
-            for expected in ["instances: 2 alive", "daily units (3 zones): done 1, running 1, pending 0, overdue 1", "OVERDUE", "unknown_gender", "v1 (current)"] {
+            for expected in ["instances: 2 alive", "daily units (3 zones): done 1, running 1, pending 0, overdue 1", "OVERDUE", "unknown_gender", "v1 (current)",
+                             "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)"] {
                 #expect(text.log.contains(expected), "status output lacks '\(expected)':\n\(text.log)")
             }
+        }
+    }
+
+    /// With METRICSD_RETENTION_DAYS=30 the daemon removes the rows the setting asks for in the background and says
+    /// so on /metrics, in its log and in `metricsd status`; each user's newest row stays, however old.
+    @Test func retentionRunsInTheDaemon() async throws {
+        try await withTestDatabase { database in
+            try await database.seed((1...20).map { SeedUser.valid(Int64($0), timezone: "UTC") })
+            // Users 1-10: rows computed 100, 50 and 10 days ago (the first two go); users 11-20: one row computed
+            // 100 days ago, their newest until today's daily unit, and then a newer row under three days old: it stays.
+            try await database.execute(
+                """
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT u, 22.0, 1500, 2000, 1, (now() - make_interval(days => d))::date, now() - make_interval(days => d)
+                FROM generate_series(1, 10) u CROSS JOIN (VALUES (100), (50), (10)) AS ages(d)
+                UNION ALL
+                SELECT u, 22.0, 1500, 2000, 1, (now() - interval '100 days')::date, now() - interval '100 days'
+                FROM generate_series(11, 20) u
+                """)
+            let port = DaemonProcess.freePort()
+            let environment = DaemonProcess.environment(
+                databaseURL: database.url, port: port, extra: ["METRICSD_RETENTION_DAYS": "30"])
+            let daemon = try DaemonProcess(environment: environment, port: port)
+            try await daemon.waitUntilReady()
+            let ran = await DaemonProcess.eventually {
+                (try? await database.value("SELECT count(*) FROM retention_runs WHERE state = 'done'")) == "1"
+            }
+            #expect(ran, "\(daemon.log)")
+            let old = "SELECT user_id, (now() - computed_at) > interval '60 days' FROM profile_metrics WHERE computed_at < now() - interval '30 days' ORDER BY user_id"
+            let kept = try await database.rows(old)
+            #expect(kept.map { $0[0] } == (11...20).map { "\($0)" }, "rows older than 30 days left: \(kept)")
+            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id <= 10 AND computed_at < now() - interval '9 days'") == "10")
+
+            var scraped: [String: Double] = [:]
+            let reported = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                scraped = (try? await Self.scrape(daemon)) ?? scraped
+                return Self.value(scraped, "metricsd_retention_runs_completed_total") == 1
+                    && (Self.value(scraped, "metricsd_retention_behind_seconds") ?? .infinity) < 600
+            }
+            #expect(reported, "\(scraped.filter { $0.key.contains("retention") })")
+            #expect(Self.value(scraped, "metricsd_retention_rows_removed_total") == 20)
+            #expect(Self.value(scraped, "metricsd_work_failures_total", ["kind": "retention"]) == nil)
+            #expect(daemon.log.contains("Retention run done: 20 rows removed"), "\(daemon.log)")
+
+            let status = try DaemonProcess(arguments: ["status", "--json"], environment: environment)
+            #expect(await status.waitForExit() == 0, "\(status.log)")
+            let json = try #require(try JSONSerialization.jsonObject(with: Data(status.log.utf8)) as? [String: Any], "\(status.log)")
+            let retention = try #require(json["retention"] as? [String: Any], "\(json)")
+            #expect(retention["days"] as? Int == 30)
+            #expect((retention["behindSeconds"] as? Double ?? .infinity) < 600, "\(retention)")
+            let run = try #require(retention["latestRun"] as? [String: Any], "\(retention)")
+            #expect(run["state"] as? String == "done" && run["rowsRemoved"] as? Int == 20 && run["fullPass"] as? Bool == true, "\(run)")
+            let text = try DaemonProcess(arguments: ["status"], environment: environment)
+            #expect(await text.waitForExit() == 0)
+            #expect(text.log.contains("retention: rows older than 30 days are removed; caught up"), "\(text.log)")
+            #expect(text.log.contains("20 rows removed"), "\(text.log)")
+            daemon.signal(SIGTERM)
+            #expect(await daemon.waitForExit() == 0)
         }
     }
 }

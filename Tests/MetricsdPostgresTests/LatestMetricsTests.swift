@@ -47,6 +47,8 @@ import Testing
             // The index is ascending: the newest row is the first one read backwards.
             #expect(plan.contains("Index Scan Backward using profile_metrics_user_computed_at_idx on profile_metrics"), "plan:\n\(plan)")
             #expect(!plan.contains("Seq Scan on profile_metrics"), "plan:\n\(plan)")
+            // One probe: the first row of the index scan ends it.
+            #expect(plan.contains("Limit  (") && !plan.contains("Sort  ("), "plan:\n\(plan)")
             // The same through a prepared statement (generic plan) as the daemon runs it.
             let generic = try await database.pool.withConnection { connection in
                 try connection.execute("SET plan_cache_mode = force_generic_plan")
@@ -55,6 +57,7 @@ import Testing
                 return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
             }
             #expect(generic.contains("Index Scan Backward using profile_metrics_user_computed_at_idx"), "generic plan:\n\(generic)")
+            #expect(generic.contains("Limit  (") && !generic.contains("Sort  ("), "generic plan:\n\(generic)")
             // The batched read: one index probe per user of the array, never a scan of the table.
             let batch = try await database.pool.withConnection { connection in
                 try connection.execute("PREPARE latest_batch(bigint[]) AS " + SQL.latestMetricsBatch)
@@ -63,6 +66,7 @@ import Testing
             }
             #expect(batch.contains("Index Scan Backward using profile_metrics_user_computed_at_idx"), "batch plan:\n\(batch)")
             #expect(!batch.contains("Seq Scan on profile_metrics"), "batch plan:\n\(batch)")
+            #expect(batch.contains("Limit  (") && !batch.contains("Sort  ("), "batch plan:\n\(batch)")
         }
     }
 
