@@ -94,7 +94,8 @@ enum SQL {
     /// older unfinished units of those zones: their date is no longer current, and metricsd does not back-fill.
     /// Never creates a unit for a date older than one that exists. One statement, so one round trip per tick
     /// and all or nothing. `$3` formula version. Records each unit's due instant (`dueInstantCTE`), from which
-    /// its delay is measured. Returns the new units and their chunk counts.
+    /// its delay is measured. Creates nothing when the schema is newer than this build (`newerSchema`, `$5`).
+    /// Returns the new units and their chunk counts.
     static let enqueueDueUnits = """
         WITH \(zoneScheduleCTE), \(dueInstantCTE),
         new_units AS (
@@ -105,6 +106,7 @@ enum SQL {
           WHERE NOT EXISTS (
             SELECT 1 FROM daily_units d
             WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
+            AND NOT \(newerSchema("$5"))
           ON CONFLICT DO NOTHING
           RETURNING timezone, local_date, version, created_at
         ),
@@ -184,14 +186,20 @@ enum SQL {
         GROUP BY j.id, j.users_total, j.started_at, j.created_at
         """
 
+    /// Whether the database has a migration newer than `parameter` (this build's newest): a newer metricsd
+    /// migrated it, and this build writes nothing (its statements may not know the newer schema) but still reads.
+    static func newerSchema(_ parameter: String) -> String {
+        "EXISTS (SELECT 1 FROM metricsd_migrations m WHERE m.name > \(parameter))"
+    }
+
     // MARK: Claiming (daily units and recompute jobs alike)
 
     /// Claims the next chunk: daily work first, then recompute work, each in creation order. A chunk is free
     /// when pending, or when its lease has expired by the database clock (its holder crashed or stalled).
     /// Marks its unit or job running, and names the instance whose expired lease it takes over (not for a chunk
     /// handed back on shutdown, which is pending again, nor for a retry after a recorded failure). Only chunks of this build's formula version are claimed: during a rolling
-    /// upgrade each version's instances do their own version's work. `$1` now, `$2` owner, `$3` lease seconds,
-    /// `$4` formula version.
+    /// upgrade each version's instances do their own version's work. Nothing is claimed when the schema is newer
+    /// than this build (`newerSchema`, `$5`). `$1` now, `$2` owner, `$3` lease seconds, `$4` formula version.
     static let claimChunk = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         next AS (
@@ -199,6 +207,7 @@ enum SQL {
           FROM work_chunks c
           WHERE c.version = $4
             AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
+            AND NOT \(newerSchema("$5"))
           ORDER BY c.priority, c.id
           LIMIT 1
           FOR UPDATE OF c SKIP LOCKED

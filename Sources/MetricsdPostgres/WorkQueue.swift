@@ -77,12 +77,18 @@ public struct WorkQueue: Sendable {
         }
     }
 
+    /// The newest migration this build knows. When the database has a newer one (a newer metricsd migrated it
+    /// during a rolling upgrade), this instance creates no unit, claims no chunk and refreshes no user: it keeps
+    /// serving reads, and the newer instances do the work.
+    static let newestMigration = Migration.all.map(\.name).max() ?? ""
+
     /// Creates the unit of every zone whose daily time has passed today by the database clock and has no unit
     /// yet, split into chunks, and supersedes older unfinished units of those zones. Safe to run on every
     /// instance at once: the `(zone, date, version)` key lets exactly one create each unit.
     public func enqueueDueUnits(dailyAt: DailyTime, now: Timestamp? = nil) async throws -> [NewUnit] {
         let parameters = [
             now?.iso8601, dailyAt.description, String(self.formula.version), String(self.configuration.chunkSize),
+            Self.newestMigration,
         ]
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let created = try connection.prepared("enqueue_due_units", SQL.enqueueDueUnits, parameters)
@@ -106,7 +112,7 @@ public struct WorkQueue: Sendable {
         let version = String(self.formula.version)
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.prepared(
-                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version])
+                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version, Self.newestMigration])
             guard result.rowCount == 1 else { return nil }
             return try ClaimedChunk(result, row: 0)
         }
@@ -296,7 +302,8 @@ public struct WorkQueue: Sendable {
     // MARK: Settings changes
 
     /// Recomputes the given users' rows for their current local date (settings changed): a row computed before
-    /// the change is refreshed and its `computed_at` moves forward; invalid users get a skip record.
+    /// the change is refreshed and its `computed_at` moves forward; invalid users get a skip record. Writes
+    /// nothing when the schema is newer than this build (`newestMigration`).
     /// - Returns: rows written.
     @discardableResult
     public func refreshUsers(_ ids: [Int64], now: Timestamp? = nil) async throws -> Int {
@@ -304,6 +311,9 @@ public struct WorkQueue: Sendable {
         let formula = self.formula
         let literal = "{" + ids.map(String.init).joined(separator: ",") + "}"
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let newer = try connection.prepared(
+                "newer_schema", "SELECT \(SQL.newerSchema("$1"))", [Self.newestMigration])
+            if try newer.bool(0, 0) { return 0 }
             let rows = try UserRow.decode(
                 connection.prepared("read_users_by_id", SQL.readUsersByID, [now?.iso8601, nil, literal]))
             let batch = EvaluatedBatch(rows, formula: formula)
