@@ -16,6 +16,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.1.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.80.0"),
@@ -43,7 +44,8 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
-            swiftSettings: swiftSettings
+            swiftSettings: swiftSettings,
+            plugins: ["EmbedResourcesPlugin"]
         ),
         .target(
             name: "MetricsdSystemd",
@@ -58,60 +60,145 @@ let package = Package(
         .plugin(name: "BuildStampPlugin", capability: .buildTool(), path: "Sources/BuildStampPlugin"),
         .target(name: "MetricsdBuildStamp", plugins: ["BuildStampPlugin"]),
 
-        // Everything testable above the adapters: configuration, HTTP, services, log formats.
+        // migrations/*.sql and the OpenAPI document, embedded at build time (nothing generated is committed).
+        .executableTarget(name: "ResourceEmbedder", swiftSettings: swiftSettings),
+        .plugin(
+            name: "EmbedResourcesPlugin", capability: .buildTool(), dependencies: ["ResourceEmbedder"],
+            path: "Sources/EmbedResourcesPlugin"),
+
+        // The HTTP server: listener, connection handling, the dispatch table, reply encoding, token checks.
+        // Knows nothing of PostgreSQL or of metricsd's endpoints.
         .target(
-            name: "MetricsdApp",
+            name: "MetricsdHTTP",
             dependencies: [
-                "HealthMetrics", "MetricsdBuildStamp", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
-                .product(name: "NIOHTTPTypesHTTP1", package: "swift-nio-extras"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
+        // The daemon: its endpoints, the scheduler and the other services, start-up, reload and shutdown.
+        .target(
+            name: "MetricsdDaemon",
+            dependencies: [
+                "HealthMetrics", "MetricsdBuildStamp", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd",
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ],
             exclude: ["Resources/openapi.yaml"],
-            swiftSettings: swiftSettings
+            swiftSettings: swiftSettings,
+            plugins: ["EmbedResourcesPlugin"]
         ),
 
-        // Thin executable: argument parsing and wiring.
-        .executableTarget(
-            name: "metricsd",
+        // Configuration (the settings catalogue, files, credentials) and the command line.
+        .target(
+            name: "MetricsdCLI",
             dependencies: [
-                "MetricsdApp",
+                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: swiftSettings
         ),
 
+        // Thin executable.
+        .executableTarget(name: "metricsd", dependencies: ["MetricsdCLI"], swiftSettings: swiftSettings),
+
+        // One test target per library module. The PostgreSQL, daemon and CLI suites run against the real server that
+        // scripts/test starts (and the built binary); the HTTP suites need no database.
         .testTarget(name: "HealthMetricsTests", dependencies: ["HealthMetrics"], swiftSettings: swiftSettings),
         // The service manager's side of sd_notify, shared by the test targets.
         .target(name: "NotifyTestSupport", path: "Tests/NotifyTestSupport", swiftSettings: swiftSettings),
+        // Test databases and clusters, the built daemon as a process, raw HTTP, JWT signing, invariants.
+        .target(
+            name: "MetricsdTestSupport",
+            dependencies: [
+                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd", "NotifyTestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Tests/MetricsdTestSupport",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "MetricsdSystemdTests",
             dependencies: ["MetricsdSystemd", "NotifyTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
-            name: "MetricsdTests",
+            name: "MetricsdPostgresTests",
             dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd", "MetricsdApp", "NotifyTestSupport",
+                "HealthMetrics", "MetricsdPostgres", "MetricsdTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            exclude: ["Fixtures"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdHTTPTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdHTTP",
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdDaemonTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdCLI", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd", "MetricsdTestSupport",
+                "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
             ],
-            exclude: ["Fixtures"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdCLITests",
+            dependencies: [
+                "MetricsdCLI", "MetricsdTestSupport",
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+            ],
             swiftSettings: swiftSettings
         ),
     ]

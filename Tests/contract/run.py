@@ -2,7 +2,7 @@
 """Contract and fuzz harness for metricsd's HTTP API.
 
 Runs the real daemon against a database of its own and checks every response against the OpenAPI
-document in Sources/MetricsdApp/Resources/openapi.yaml:
+document in Sources/MetricsdDaemon/Resources/openapi.yaml:
 
   a. contract checks: hand-written requests producing every documented status of every operation,
      plus hostile inputs; each response is validated (status documented for the operation, content
@@ -49,7 +49,7 @@ import urllib.parse
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DOC_PATH = REPO / "Sources" / "MetricsdApp" / "Resources" / "openapi.yaml"
+DOC_PATH = REPO / "Sources" / "MetricsdDaemon" / "Resources" / "openapi.yaml"
 
 # Every package of the harness's venv, pinned (schemathesis and openapi-spec-validator with their dependencies,
 # as resolved together on Debian 12 / CPython 3.11).
@@ -1065,7 +1065,7 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         import yaml
 
         return [] if yaml.safe_load(r.body) == contract.doc else \
-            ["served /openapi.yaml differs from Sources/MetricsdApp/Resources/openapi.yaml"]
+            ["served /openapi.yaml differs from Sources/MetricsdDaemon/Resources/openapi.yaml"]
 
     ck.call("the OpenAPI document", "GET", "/openapi.yaml", expect=200, then=same_document)
 

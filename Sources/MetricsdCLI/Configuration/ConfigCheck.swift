@@ -1,0 +1,260 @@
+import MetricsdDaemon
+import MetricsdHTTP
+import Foundation
+import Glibc
+import MetricsdPostgres
+
+/// `metricsd check-config`: the whole configuration as `metricsd serve` would read it here, checked without
+/// starting anything: every setting in range, the settings files' syntax, the secrets readable and strong enough,
+/// both listeners usable, the database reachable and its schema current.
+///
+/// Each problem is one line, `metricsd: <SETTING>: <problem>`; what was checked is summed up after it.
+public struct ConfigCheck: Sendable {
+    public private(set) var problems: [(setting: String, problem: String)] = []
+    /// Lines of the summary ("what was checked"), printed in either case.
+    public private(set) var summary: [(label: String, text: String)] = []
+
+    public var isOK: Bool { self.problems.isEmpty }
+
+    mutating func problem(_ setting: String, _ text: String) { self.problems.append((setting, text)) }
+    mutating func note(_ label: String, _ text: String) { self.summary.append((label, text)) }
+
+    /// Runs every check against `base` (the process environment).
+    public static func run(environment base: [String: String]) async -> ConfigCheck {
+        var check = ConfigCheck()
+        // 1. Where the configuration comes from.
+        let host: HostEnvironment
+        do {
+            host = try HostEnvironment(base)
+        } catch {
+            check.problem("METRICSD_ENV_FILE", error.message)
+            return check
+        }
+        if host.underSystemd {
+            check.note("settings", "the environment systemd gave (EnvironmentFile=, LoadCredential=)")
+        } else if let file = host.settingsFile {
+            check.note("settings", "\(file) (\(host.settingsFromFile.count) settings; exported variables win)")
+        } else {
+            check.note("settings", "the environment only (no \(HostEnvironment.defaultEnvironmentFile))")
+        }
+        if !host.credentialsUsed.isEmpty {
+            check.note("credentials", host.credentialsUsed.map { "\($0.id) from \($0.path)" }.joined(separator: ", "))
+        }
+        for unreadable in host.credentialsUnreadable {
+            check.problem(unreadable.path, "cannot read it (\(unreadable.reason)); run check-config as root to check it")
+        }
+        let environment: [String: String]
+        do {
+            environment = try ConfigFile.merge(into: host.environment)
+        } catch {
+            check.problem("METRICSD_CONFIG_FILE", error.message)
+            environment = host.environment
+        }
+
+        // 2. Every setting on its own (the secrets' files below), and no unknown name in the settings file.
+        if let file = host.settingsFile {
+            for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil {
+                check.problem(name, "unknown setting (in \(file)); `metricsd help` lists them all")
+            }
+        }
+        let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
+        for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
+            guard let value = environment[setting.name], !value.isEmpty else { continue }
+            if let problem = setting.problem(value) { check.problem(setting.name, problem) }
+        }
+        // 3. Secrets: present, readable, long enough, distinct.
+        check.checkSecrets(environment)
+        // 4. The rest of what `serve` checks (constraints between settings, the connection string), only when
+        //    nothing above was wrong: its first error would repeat one of them.
+        if check.isOK {
+            do {
+                _ = try Configuration(environment: environment).connectionSettings(environment: environment)
+            } catch {
+                check.problem(Self.settingName(in: error.message) ?? "configuration", error.message)
+            }
+        }
+        // 5. Listeners.
+        for name in ["METRICSD_LISTEN", "METRICSD_METRICS_LISTEN"] {
+            let text = environment[name].flatMap { $0.isEmpty ? nil : $0 } ?? (name == "METRICSD_LISTEN" ? "127.0.0.1:8080" : nil)
+            guard let text, let address = ListenAddress(parsing: text) else {
+                if name == "METRICSD_METRICS_LISTEN" && environment[name].map({ $0.isEmpty }) ?? true {
+                    check.note("metrics", "/metrics on METRICSD_LISTEN")
+                }
+                continue
+            }
+            check.checkListener(name, address)
+        }
+        // 6. The database and its schema (whatever else is wrong).
+        await check.checkDatabase(environment)
+        return check
+    }
+
+    mutating func checkSecrets(_ environment: [String: String]) {
+        var jwtSecret: String?
+        do {
+            jwtSecret = try Secrets.read(
+                credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET", environment: environment)
+        } catch {
+            self.problem("METRICSD_JWT_SECRET_FILE", Self.strip(error.message))
+        }
+        let hasPublicKey = !(environment["METRICSD_JWT_PUBLIC_KEY_FILE"] ?? "").isEmpty
+        if let secret = jwtSecret {
+            if secret.utf8.count < 32 {
+                self.problem(
+                    "METRICSD_JWT_SECRET_FILE",
+                    "the JWT secret is \(secret.utf8.count) bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)")
+            } else {
+                self.note("tokens", "HS256 secret (\(secret.utf8.count) bytes)" + (hasPublicKey ? " and a public key" : ""))
+            }
+        } else if hasPublicKey {
+            self.note("tokens", "public key \(environment["METRICSD_JWT_PUBLIC_KEY_FILE"] ?? "")")
+        } else if !self.problems.contains(where: { $0.setting == "METRICSD_JWT_SECRET_FILE" }) {
+            self.problem(
+                "METRICSD_JWT_SECRET_FILE",
+                "no JWT secret or public key: put the secret in /etc/credstore/metricsd-jwt-secret (or set METRICSD_JWT_SECRET_FILE or METRICSD_JWT_PUBLIC_KEY_FILE)")
+        }
+        do {
+            if let token = try Secrets.read(
+                credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN", environment: environment)
+            {
+                if token.utf8.count < 16 {
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token is \(token.utf8.count) characters; at least 16 are needed")
+                } else if token.hasPrefix("eyJ") && token.split(separator: ".").count == 3 {
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token must not be a JWT")
+                } else if token == jwtSecret {
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token must differ from the JWT secret")
+                } else {
+                    self.note("admin token", "set (\(token.utf8.count) characters)")
+                }
+            } else {
+                self.note("admin token", "none: no admin endpoints (POST /v1/admin/recompute answers 404)")
+            }
+        } catch {
+            self.problem("METRICSD_ADMIN_TOKEN_FILE", Self.strip(error.message))
+        }
+        do {
+            _ = try Secrets.read(credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
+        } catch {
+            self.problem("METRICSD_DB_PASSWORD_FILE", Self.strip(error.message))
+        }
+    }
+
+    /// Binds the address (then closes it). In use: fine when a metricsd answers `/healthz` there.
+    mutating func checkListener(_ name: String, _ address: ListenAddress) {
+        let label = name == "METRICSD_LISTEN" ? "listen" : "metrics"
+        switch ListenerProbe.bind(address) {
+        case .free:
+            self.note(label, "\(address) (free)")
+        case .inUse:
+            let host = address.host == "0.0.0.0" ? "127.0.0.1" : (address.host == "::" ? "::1" : address.host)
+            if case .success(let response) = SimpleHTTP.get(host: host, port: address.port, path: "/healthz", timeout: 2),
+                response.status == 200
+            {
+                self.note(label, "\(address) (in use by a running metricsd)")
+            } else {
+                self.problem(name, "\(address) is in use by another program")
+            }
+        case .failed(let reason):
+            self.problem(name, "cannot listen on \(address): \(reason)")
+        }
+    }
+
+    mutating func checkDatabase(_ environment: [String: String]) async {
+        let settings: ConnectionSettings
+        do {
+            let password = try? Secrets.read(
+                credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
+            settings = try ConnectionSettings(conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+        } catch {
+            if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) { self.problem("DATABASE_URL", error.message) }
+            return
+        }
+        let result: Result<(String, SchemaStatus, Int), any Error> = await Task.detached {
+            Result {
+                let connection = try PostgresConnection(settings: settings)
+                let identity = try connection.query(
+                    "SELECT current_user || '@' || current_database() || ' (PostgreSQL ' || current_setting('server_version') || ')'")
+                let name = try identity.requiredString(0, 0)
+                let migrator = Migrator()
+                return (name, try migrator.status(on: connection), migrator.migrations.count)
+            }
+        }.value
+        switch result {
+        case .success(let (name, status, total)):
+            if !status.changed.isEmpty {
+                self.problem("DATABASE_URL", "\(name): migrations changed after being applied: \(status.changed.joined(separator: ", "))")
+            } else if !status.pending.isEmpty {
+                self.problem(
+                    "DATABASE_URL",
+                    "\(name): schema is behind, \(status.pending.count) of \(total) migrations pending (run: metricsd migrate)")
+            } else {
+                self.note("database", "\(name), schema current (\(total) migrations)")
+            }
+        case .failure(let error as PostgresError):
+            self.problem("DATABASE_URL", "cannot connect to the database: \(Self.oneLine(error.message))")
+        case .failure(let error):
+            self.problem("DATABASE_URL", "database error: \(Self.oneLine("\(error)"))")
+        }
+    }
+
+    /// The text to print: problems first, then the summary.
+    public var problemLines: [String] { self.problems.map { "metricsd: \($0.setting): \($0.problem)" } }
+
+    public var summaryText: String {
+        let width = 14
+        let head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
+        return ([head] + self.summary.map { "  " + ($0.label + ":").padding(toLength: width, withPad: " ", startingAt: 0) + $0.text })
+            .joined(separator: "\n")
+    }
+
+    /// `NAME=… is not valid …` → `NAME`.
+    static func settingName(in message: String) -> String? {
+        let name = message.prefix { $0.isUppercase || $0.isNumber || $0 == "_" }
+        return name.count > 3 && SettingsCatalog.setting(String(name)) != nil ? String(name) : nil
+    }
+
+    /// `METRICSD_X_FILE: cannot read …` → `cannot read …` (the setting is already named once).
+    static func strip(_ message: String) -> String {
+        for prefix in ["METRICSD_JWT_SECRET_FILE: ", "METRICSD_ADMIN_TOKEN_FILE: ", "METRICSD_DB_PASSWORD_FILE: "]
+        where message.hasPrefix(prefix) {
+            return String(message.dropFirst(prefix.count))
+        }
+        return message
+    }
+
+    static func oneLine(_ text: String) -> String {
+        text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " ")
+    }
+}
+
+/// Whether a listener could be opened: binds a TCP socket to the address with `SO_REUSEADDR` (as the daemon does),
+/// then closes it.
+enum ListenerProbe {
+    enum Outcome: Equatable {
+        case free
+        case inUse
+        case failed(String)
+    }
+
+    static func bind(_ address: ListenAddress) -> Outcome {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_flags = AI_PASSIVE
+        var list: UnsafeMutablePointer<addrinfo>?
+        let rc = getaddrinfo(address.host, String(address.port), &hints, &list)
+        guard rc == 0, let first = list else {
+            return .failed("cannot resolve \(address.host): \(String(cString: gai_strerror(rc)))")
+        }
+        defer { freeaddrinfo(list) }
+        let descriptor = socket(first.pointee.ai_family, first.pointee.ai_socktype, first.pointee.ai_protocol)
+        guard descriptor >= 0 else { return .failed(String(cString: strerror(errno)).lowercased()) }
+        defer { close(descriptor) }
+        var one: Int32 = 1
+        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        if Glibc.bind(descriptor, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 && listen(descriptor, 1) == 0 {
+            return .free
+        }
+        let error = errno
+        return error == EADDRINUSE ? .inUse : .failed(String(cString: strerror(error)).lowercased())
+    }
+}

@@ -1,0 +1,25 @@
+import MetricsdHTTP
+
+extension TokenConfiguration {
+    /// Reads the token settings from the environment and credentials (see ``TokenConfiguration``).
+    public init(environment: [String: String]) throws(ConfigurationError) {
+        self.init(hmacSecret: nil)
+        self.hmacSecret = try Secrets.read(
+            credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET",
+            environment: environment)
+        self.publicKeyPEM = try Secrets.read(
+            credential: "jwt-public-key", file: "METRICSD_JWT_PUBLIC_KEY_FILE", variable: nil, environment: environment)
+        let reader = EnvironmentReader(environment)
+        self.issuer = reader["METRICSD_JWT_ISSUER"]
+        self.audience = reader["METRICSD_JWT_AUDIENCE"]
+        self.leewaySeconds = try reader.integer("METRICSD_JWT_LEEWAY_SECONDS")
+        if let secret = self.hmacSecret, secret.utf8.count < 32 {
+            throw ConfigurationError("the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
+        }
+        // Checked here, with the rest of the configuration and before logging starts, so that a wrong key file
+        // fails start-up (and SIGHUP reloads) with one clear line.
+        if let pem = self.publicKeyPEM {
+            do { try TokenVerifier.checkPublicKey(pem) } catch { throw ConfigurationError(error.message) }
+        }
+    }
+}

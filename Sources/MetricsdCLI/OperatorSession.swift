@@ -1,0 +1,296 @@
+import MetricsdDaemon
+import MetricsdHTTP
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdPostgres
+import MetricsdSystemd
+import NIOCore
+
+/// The operator commands that talk to the database directly, so they work with no daemon running.
+public struct OperatorSession: Sendable {
+    let configuration: Configuration
+    let pool: PostgresPool
+    let logger: Logger
+
+    /// A failure to report as one line (`Error: …`) with exit code 1.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+        public init(_ description: String) { self.description = description }
+    }
+
+    /// Sets up configuration, logging (warnings and up on stderr) and a small pool, runs `body`, and closes the pool.
+    public static func run(_ body: (OperatorSession) async throws -> Void) async throws {
+        let environment: [String: String]
+        let configuration: Configuration
+        do {
+            environment = try ConfigFile.merge(into: HostEnvironment(ProcessInfo.processInfo.environment).environment)
+            configuration = try Configuration(environment: environment)
+        } catch {
+            throw Failure("configuration error: \(error)")
+        }
+        let level = LogLevelBox(.warning)
+        LoggingSystem.bootstrap { label in
+            LogSetup.makeHandler(label: label, format: .text, level: level, environment: [:])
+        }
+        let logger = Logger(label: "metricsd")
+        let settings: ConnectionSettings
+        do {
+            settings = try configuration.connectionSettings(environment: environment)
+        } catch {
+            throw Failure("configuration error: \(error)")
+        }
+        let pool = PostgresPool(settings: settings, configuration: .init(size: 2, acquireTimeout: .seconds(30)), logger: logger)
+        let tool = OperatorSession(configuration: configuration, pool: pool, logger: logger)
+        do {
+            try await body(tool)
+            await pool.close()
+        } catch let error as PostgresError {
+            await pool.close()
+            switch error.code {
+            case .connectionFailed: throw Failure("cannot connect to the database: \(error.message)")
+            default: throw Failure("database error: \(error)")
+            }
+        } catch {
+            await pool.close()
+            throw error
+        }
+    }
+
+    // MARK: migrate
+
+    public func migrate(dryRun: Bool) async throws {
+        let migrator = Migrator()
+        if dryRun {
+            let status = try await self.pool.withConnection { try migrator.status(on: $0) }
+            Self.print("applied: \(migrator.migrations.count - status.pending.count), pending: \(status.pending.count)")
+            for name in status.pending { Self.print("  pending \(name)") }
+            for name in status.changed { Self.print("  CHANGED after being applied: \(name)") }
+            return
+        }
+        let logger = self.logger
+        do {
+            let applied = try await self.pool.withConnection { try migrator.migrate(on: $0, logger: logger) }
+            if applied.isEmpty {
+                Self.print("schema is current (\(migrator.migrations.count) migrations applied)")
+            } else {
+                for name in applied { Self.print("applied \(name)") }
+            }
+        } catch let error as MigrationError {
+            throw Failure(error.message)
+        }
+    }
+
+    // MARK: recompute
+
+    var jobs: RecomputeJobs { RecomputeJobs(pool: self.pool, chunkSize: self.configuration.work.chunkSize) }
+
+    public func recomputeAll(wait: Bool) async throws {
+        let version = self.configuration.formula.version
+        let outcome = try await self.jobs.trigger(version: version, requestedBy: "cli")
+        Self.print(AdminController.message(outcome, version: version))
+        guard let job = outcome.job, !job.state.isFinished else { return }  // nothing to do
+        let alive = try await StatusQueries(pool: self.pool).instances().filter { $0.alive && $0.formulaVersion == version }
+        if alive.isEmpty {
+            Self.print("note: no running metricsd with formula version \(version) was seen in the last minute; the job starts when one runs")
+        }
+        guard wait else { return }
+        try await self.follow(jobID: job.id)
+    }
+
+    /// Shows progress until the job finishes: a redrawn bar on a terminal, a line every 5 s otherwise.
+    ///
+    /// The end is told, not polled: a dedicated connection `LISTEN`s on `metricsd_recompute`, which the job's
+    /// last transaction NOTIFYs at its commit, so this returns within milliseconds of the job's end. The job is
+    /// read again at least every 2 s too (progress, and safety should the connection fail).
+    func follow(jobID: Int64) async throws {
+        let terminal = isatty(STDOUT_FILENO) == 1
+        let listener: Listener?
+        do {
+            listener = try await self.listen(channel: "metricsd_recompute")
+        } catch {
+            self.logger.warning("Cannot listen for the job's end; reading it every 2 s", metadata: ["metricsd.error": "\(error)"])
+            listener = nil
+        }
+        var lastLine = ContinuousClock.now - .seconds(10)
+        while true {
+            guard let job = try await self.jobs.job(id: jobID) else { throw Failure("recompute job \(jobID) vanished") }
+            if terminal {
+                FileHandle.standardOutput.write(Data(("\r" + Self.progressBar(job) + "\u{1B}[K").utf8))
+            } else if ContinuousClock.now - lastLine >= .seconds(5) || job.state.isFinished {
+                Self.print(Self.progressLine(job))
+                lastLine = ContinuousClock.now
+            }
+            if job.state.isFinished {
+                if terminal { Self.print("") }
+                switch job.state {
+                case .done:
+                    Self.print("recompute job \(job.id) done: \(job.counts.summary)")
+                    return
+                default:
+                    throw Failure("recompute job \(job.id) \(job.state.rawValue)\(job.lastError.map { ": \($0)" } ?? "")")
+                }
+            }
+            let wait: Int32 = terminal ? 500 : 2000
+            if let listener {
+                let prefix = "\(jobID) "
+                let ended = try? await self.pool.runBlocking {
+                    try listener.connection.waitForNotifications(timeoutMilliseconds: wait)
+                        .contains { $0.payload.hasPrefix(prefix) }
+                }
+                if ended == nil { try await Task.sleep(for: .milliseconds(Int64(wait))) }  // connection lost: poll
+            } else {
+                try await Task.sleep(for: .milliseconds(Int64(wait)))
+            }
+        }
+    }
+
+    /// A connection of its own that `LISTEN`s on `channel` (closed when released).
+    private struct Listener: @unchecked Sendable {
+        let connection: PostgresConnection
+    }
+
+    private func listen(channel: String) async throws -> Listener {
+        let connection = try await self.pool.openDedicatedConnection()
+        let listener = Listener(connection: connection)
+        try await self.pool.runBlocking { try listener.connection.execute("LISTEN \(channel)") }
+        return listener
+    }
+
+    public func recomputeStatus(id: Int64?, json: Bool) async throws {
+        let jobs: [RecomputeJob]
+        if let id {
+            guard let job = try await self.jobs.job(id: id) else { throw Failure("no recompute job \(id)") }
+            jobs = [job]
+        } else {
+            jobs = try await self.jobs.recent(limit: 10)
+        }
+        if json {
+            Self.print(id == nil ? "[" + jobs.map(AdminController.json).joined(separator: ",") + "]" : AdminController.json(jobs[0]))
+            return
+        }
+        if jobs.isEmpty { Self.print("no recompute jobs") }
+        for job in jobs { Self.print(Self.progressLine(job)) }
+    }
+
+    public func recomputeCancel(id: Int64) async throws {
+        switch try await self.jobs.cancel(id: id) {
+        case .cancelled(let job): Self.print("recompute job \(id) cancelled at \(Self.percent(job.percent)); trigger again to continue")
+        case .alreadyFinished(let job): throw Failure("recompute job \(id) is already \(job.state.rawValue)")
+        case .notFound: throw Failure("no recompute job \(id)")
+        }
+    }
+
+    static func progressLine(_ job: RecomputeJob) -> String {
+        var parts = [
+            "job \(job.id)", "version \(job.version)", job.state.rawValue, Self.percent(job.percent),
+            "\(job.usersExamined)/\(job.usersTotal) users examined", "written \(job.usersWritten)",
+            "already current \(job.usersAlreadyCurrent)", "skipped \(job.usersSkipped)",
+        ]
+        if let rate = job.ratePerSecond { parts.append("\(Int(rate.rounded()))/s") }
+        if let eta = job.etaSeconds { parts.append("ETA \(Self.duration(eta))") }
+        parts.append("created \(job.createdAt)")
+        if let started = job.startedAt { parts.append("started \(started)") }
+        if let finished = job.finishedAt { parts.append("finished \(finished)") }
+        if let error = job.lastError { parts.append("last error: \(error)") }
+        return parts.joined(separator: "  ")
+    }
+
+    static func progressBar(_ job: RecomputeJob) -> String {
+        let width = 30
+        let filled = Int((job.percent / 100 * Double(width)).rounded(.down))
+        let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
+        var text = "[\(bar)] \(Self.percent(job.percent))  \(job.usersExamined)/\(job.usersTotal) examined"
+        if let rate = job.ratePerSecond { text += "  \(Int(rate.rounded()))/s" }
+        if let eta = job.etaSeconds { text += "  ETA \(Self.duration(eta))" }
+        return text
+    }
+
+    static func percent(_ value: Double) -> String {
+        String(format: "%.1f%%", value)
+    }
+
+    static func duration(_ seconds: Double) -> String {
+        let total = Int(seconds.rounded())
+        if total < 60 { return "\(total)s" }
+        if total < 3600 { return "\(total / 60)m\(String(format: "%02d", total % 60))s" }
+        return "\(total / 3600)h\(String(format: "%02d", total / 60 % 60))m"
+    }
+
+    // MARK: skipped
+
+    public func skipped(limit: Int, json: Bool) async throws {
+        let users = try await StatusQueries(pool: self.pool).skippedUsers(limit: limit)
+        if json {
+            Self.print(
+                "["
+                    + users.map { user in
+                        JSONWriter.object([
+                            "userId": .int(user.userID),
+                            "reasonCodes": .raw(JSONWriter.array(user.reasonCodes.map { .string($0) })),
+                            "reasons": .string(user.reasons),
+                            "metricsDate": user.metricsDate.map { .string($0.description) } ?? .null,
+                            "version": .int(Int64(user.version)), "source": .string(user.source),
+                            "recordedAt": .timestamp(user.recordedAt),
+                        ])
+                    }.joined(separator: ",") + "]")
+            return
+        }
+        if users.isEmpty {
+            Self.print("no skipped users")
+            return
+        }
+        let rows = users.map { user in
+            [String(user.userID), user.reasonCodes.joined(separator: ","), user.metricsDate?.description ?? "-", user.source, user.reasons]
+        }
+        Self.print(TextTable.render(header: ["USER", "REASON", "DATE", "SOURCE", "WHY"], rows: rows))
+    }
+
+    // MARK: status
+
+    public func status(json: Bool) async throws {
+        let report = try await StatusReport.gather(
+            pool: self.pool, dailyAt: self.configuration.dailyAt, formula: self.configuration.formula)
+        Self.print(json ? report.json : report.text)
+    }
+
+    // MARK: healthcheck
+
+    /// `GET /readyz` on the running daemon: 0 when ready, else 1 and a one-line reason on stderr.
+    public static func healthcheck(address: String?, timeout: Double, environment base: [String: String]) async -> Int32 {
+        let environment: [String: String]
+        do {
+            environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
+        } catch {
+            FileHandle.standardError.write(Data("not ready: configuration error: \(error)\n".utf8))
+            return 1
+        }
+        let text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
+        guard let listen = ListenAddress(parsing: text) else {
+            FileHandle.standardError.write(Data("not ready: '\(text)' is not host:port\n".utf8))
+            return 1
+        }
+        let host = listen.host == "0.0.0.0" ? "127.0.0.1" : (listen.host == "::" ? "::1" : listen.host)
+        switch SimpleHTTP.get(host: host, port: listen.port, path: "/readyz", timeout: timeout) {
+        case .success(let response) where response.status == 200:
+            Self.print("ready")
+            return 0
+        case .success(let response):
+            let reason = Self.readinessReason(response.body) ?? "HTTP \(response.status)"
+            FileHandle.standardError.write(Data("not ready: \(reason)\n".utf8))
+            return 1
+        case .failure(let error):
+            FileHandle.standardError.write(Data("not ready: \(listen): \(error)\n".utf8))
+            return 1
+        }
+    }
+
+    static func readinessReason(_ body: String) -> String? {
+        struct Readiness: Decodable { let reason: String? }
+        return (try? JSONDecoder().decode(Readiness.self, from: Data(body.utf8)))?.reason
+    }
+
+    static func print(_ line: String) {
+        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    }
+}

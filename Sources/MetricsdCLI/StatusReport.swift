@@ -1,0 +1,154 @@
+import MetricsdDaemon
+import MetricsdHTTP
+import Foundation
+import HealthMetrics
+import MetricsdPostgres
+
+/// `metricsd status`: everything an operator asks at 00:30, from the database alone.
+struct StatusReport {
+    let now: Timestamp
+    let dailyAt: DailyTime
+    let formulaVersion: Int
+    let schema: SchemaStatus
+    let migrationsKnown: Int
+    let instances: [StatusQueries.InstanceStatus]
+    let zones: [StatusQueries.ZoneStatus]
+    let skips: [(reason: String, users: Int)]
+    let jobs: [RecomputeJob]
+    let versions: [(version: Int?, users: Int)]
+
+    static func gather(pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula) async throws -> StatusReport {
+        let queries = StatusQueries(pool: pool)
+        let migrator = Migrator()
+        let schema = try await pool.withConnection { try migrator.status(on: $0) }
+        guard schema.latestApplied != nil else {
+            throw OperatorSession.Failure("the database has no metricsd schema yet: run `metricsd migrate`")
+        }
+        let now = try await pool.withConnection { connection in
+            Timestamp(millisecondsSinceEpoch: try connection.query("SELECT (extract(epoch FROM now()) * 1000)::bigint").int(0, 0))
+        }
+        return StatusReport(
+            now: now, dailyAt: dailyAt, formulaVersion: formula.version, schema: schema,
+            migrationsKnown: migrator.migrations.count, instances: try await queries.instances(),
+            zones: try await queries.zones(dailyAt: dailyAt, version: formula.version),
+            skips: try await queries.skipsByReason(), jobs: try await RecomputeJobs(pool: pool).recent(limit: 5),
+            versions: try await queries.usersByLatestVersion())
+    }
+
+    private func count(_ state: StatusQueries.ZoneStatus.State) -> Int {
+        self.zones.filter { $0.state == state }.count
+    }
+
+    var text: String {
+        var lines: [String] = []
+        let schemaLine =
+            self.schema.isCurrent
+            ? "current (\(self.schema.latestApplied ?? "-"))"
+            : "BEHIND: \(self.schema.pending.count) pending (\(self.schema.pending.joined(separator: ", ")))"
+        lines.append("metricsd status at \(self.now)   formula version \(self.formulaVersion)   daily at \(self.dailyAt)")
+        lines.append("schema: \(schemaLine)")
+        lines.append("")
+        let alive = self.instances.filter(\.alive).count
+        lines.append("instances: \(alive) alive")
+        if !self.instances.isEmpty {
+            lines.append(
+                TextTable.render(
+                    header: ["INSTANCE", "VERSION", "FORMULA", "LISTEN", "STARTED", "LAST SEEN", "STATE"],
+                    rows: self.instances.map { instance in
+                        [
+                            instance.id, instance.buildVersion, String(instance.formulaVersion), instance.listen,
+                            instance.startedAt.iso8601, instance.lastSeenAt.iso8601,
+                            instance.alive ? "alive" : (instance.stoppedAt != nil ? "stopped" : "silent"),
+                        ]
+                    }))
+        }
+        lines.append("")
+        lines.append(
+            "daily units (\(self.zones.count) zones): done \(self.count(.done)), running \(self.count(.running)), pending \(self.count(.pending) + self.count(.missing)), overdue \(self.count(.overdue))"
+        )
+        let notDone = self.zones.filter { $0.state != .done }
+        if !notDone.isEmpty {
+            lines.append(
+                TextTable.render(
+                    header: ["ZONE", "DATE", "DUE AT", "STATE", "USERS", "DONE", "SKIPPED", "RUNNING BY"],
+                    rows: notDone.map { zone in
+                        [
+                            zone.timezone + (zone.known ? "" : " (unknown zone)"), zone.dueDate.description,
+                            zone.dueAt.iso8601,
+                            zone.state == .overdue
+                                ? "OVERDUE \(OperatorSession.duration(zone.overdueSeconds))" : zone.state.rawValue,
+                            String(zone.usersTotal), String(zone.usersDone), String(zone.usersSkipped),
+                            zone.runningBy.joined(separator: ","),
+                        ]
+                    }))
+        }
+        lines.append("")
+        let skipped = self.skips.reduce(0) { $0 + $1.users }
+        lines.append(self.skips.isEmpty ? "skipped users by reason: none" : "skipped users by reason:")
+        if !self.skips.isEmpty {
+            lines.append(TextTable.render(header: ["REASON", "USERS"], rows: self.skips.map { [$0.reason, String($0.users)] }))
+            lines.append("(a user can have several reasons: \(skipped) in all; `metricsd skipped` lists the users)")
+        }
+        lines.append("")
+        lines.append(self.jobs.isEmpty ? "recompute jobs: none" : "recompute jobs:")
+        for job in self.jobs { lines.append("  " + OperatorSession.progressLine(job)) }
+        lines.append("")
+        lines.append("users by formula version of their latest metrics:")
+        lines.append(
+            TextTable.render(
+                header: ["VERSION", "USERS"],
+                rows: self.versions.map { [$0.version.map { "v\($0)" + ($0 == self.formulaVersion ? " (current)" : " (old)") } ?? "no metrics", String($0.users)] }))
+        return lines.joined(separator: "\n")
+    }
+
+    var json: String {
+        let instances = self.instances.map { instance in
+            JSONWriter.object([
+                "id": .string(instance.id), "host": .string(instance.host), "pid": .int(Int64(instance.pid)),
+                "buildVersion": .string(instance.buildVersion), "formulaVersion": .int(Int64(instance.formulaVersion)),
+                "listen": .string(instance.listen), "startedAt": .timestamp(instance.startedAt),
+                "lastSeenAt": .timestamp(instance.lastSeenAt),
+                "stoppedAt": instance.stoppedAt.map { .timestamp($0) } ?? .null, "alive": .bool(instance.alive),
+            ])
+        }
+        let zones = self.zones.map { zone in
+            JSONWriter.object([
+                "timezone": .string(zone.timezone), "known": .bool(zone.known), "date": .string(zone.dueDate.description),
+                "dueAt": .timestamp(zone.dueAt), "state": .string(zone.state.rawValue),
+                "usersTotal": .int(Int64(zone.usersTotal)), "usersDone": .int(Int64(zone.usersDone)),
+                "usersSkipped": .int(Int64(zone.usersSkipped)),
+                "runningBy": .raw(JSONWriter.array(zone.runningBy.map { .string($0) })),
+                "overdueSeconds": .double((zone.overdueSeconds * 10).rounded() / 10),
+            ])
+        }
+        return JSONWriter.object([
+            "now": .timestamp(self.now),
+            "formulaVersion": .int(Int64(self.formulaVersion)),
+            "dailyAt": .string(self.dailyAt.description),
+            "schema": .raw(
+                JSONWriter.object([
+                    "current": .bool(self.schema.isCurrent),
+                    "latest": self.schema.latestApplied.map { .string($0) } ?? .null,
+                    "pending": .raw(JSONWriter.array(self.schema.pending.map { .string($0) })),
+                    "unknown": .raw(JSONWriter.array(self.schema.unknown.map { .string($0) })),
+                ])),
+            "instances": .raw("[" + instances.joined(separator: ",") + "]"),
+            "units": .raw(
+                JSONWriter.object([
+                    "done": .int(Int64(self.count(.done))), "running": .int(Int64(self.count(.running))),
+                    "pending": .int(Int64(self.count(.pending) + self.count(.missing))),
+                    "overdue": .int(Int64(self.count(.overdue))),
+                ])),
+            "zones": .raw("[" + zones.joined(separator: ",") + "]"),
+            "skippedByReason": .raw(
+                "[" + self.skips.map { JSONWriter.object(["reason": .string($0.reason), "users": .int(Int64($0.users))]) }
+                    .joined(separator: ",") + "]"),
+            "recomputeJobs": .raw("[" + self.jobs.map(AdminController.json).joined(separator: ",") + "]"),
+            "usersByFormulaVersion": .raw(
+                "["
+                    + self.versions.map {
+                        JSONWriter.object(["version": $0.version.map { .int(Int64($0)) } ?? .null, "users": .int(Int64($0.users))])
+                    }.joined(separator: ",") + "]"),
+        ])
+    }
+}

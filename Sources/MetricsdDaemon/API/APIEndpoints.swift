@@ -1,0 +1,88 @@
+import MetricsdHTTP
+import HealthMetrics
+import HTTPTypes
+import MetricsdPostgres
+import NIOCore
+import Logging
+import Prometheus
+import HummingbirdCore
+
+/// What the HTTP API is built from.
+public struct HTTPDependencies: Sendable {
+    public var store: any MetricsStore
+    /// Recompute jobs; nil when no admin token is configured (then no admin route exists at all).
+    public var jobs: RecomputeJobs?
+    public var credentials: CredentialBox
+    public var formula: MetricsFormula
+    /// Serves `/metrics` on the API listener when set.
+    public var prometheus: PrometheusCollectorRegistry?
+    /// Concurrent requests beyond which new ones get an immediate 503.
+    public var maxInFlight: Int
+    /// The request log (its mode changes on reload).
+    public var requestLog: RequestLog
+    /// Requests in flight, shared by every listener.
+    package let inFlight = InFlightCounter()
+
+    public init(
+        store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
+        prometheus: PrometheusCollectorRegistry?, maxInFlight: Int = 512, requestLog: RequestLog
+    ) {
+        self.store = store
+        self.jobs = jobs
+        self.credentials = credentials
+        self.formula = formula
+        self.prometheus = prometheus
+        self.maxInFlight = maxInFlight
+        self.requestLog = requestLog
+    }
+}
+
+/// Which endpoints a listener serves.
+public enum HTTPEndpoints: Sendable {
+    /// The API (OpenAPI document: `Sources/MetricsdDaemon/Resources/openapi.yaml`), with `/metrics` when the
+    /// dependencies carry a registry.
+    case api
+    /// Only `/metrics`, from this registry (`METRICSD_METRICS_LISTEN`).
+    case metrics(PrometheusCollectorRegistry)
+
+    func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
+        switch self {
+        case .api:
+            var endpoints = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+            endpoints += HealthController(store: dependencies.store).endpoints
+            if let registry = dependencies.prometheus { endpoints.append(metricsEndpoint(registry)) }
+            if let jobs = dependencies.jobs {
+                endpoints += AdminController(jobs: jobs, formula: dependencies.formula).endpoints
+            }
+            return endpoints
+        case .metrics(let registry):
+            return [metricsEndpoint(registry)]
+        }
+    }
+}
+
+/// `GET /metrics`: the Prometheus text format.
+func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
+    Endpoint(
+        .get, "/metrics", access: .open,
+        .immediate { _ in
+            var buffer: [UInt8] = []
+            buffer.reserveCapacity(16 * 1024)
+            registry.emit(into: &buffer)
+            return Reply(
+                headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"], body: ByteBuffer(bytes: buffer))
+        })
+}
+
+/// The daemon's HTTP server for one listener: the HTTP module's server with this daemon's endpoints.
+package func buildAPIServer(
+    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, address: ListenAddress,
+    requestTimeout: TimeAmount, idleTimeout: TimeAmount, maxConnections: Int? = nil,
+    onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
+) -> Server<MetricsdHTTPChannel> {
+    buildHTTPServer(
+        endpoints: endpoints.list(dependencies), credentials: dependencies.credentials, inFlight: dependencies.inFlight,
+        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, address: address,
+        requestTimeout: requestTimeout, idleTimeout: idleTimeout, maxConnections: maxConnections,
+        onServerRunning: onServerRunning, logger: logger)
+}

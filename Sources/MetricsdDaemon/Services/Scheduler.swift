@@ -1,0 +1,254 @@
+import MetricsdHTTP
+import CoreMetrics
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdPostgres
+import ServiceLifecycle
+import Synchronization
+
+/// The daily job and recompute workers of one instance.
+///
+/// - A tick loop asks PostgreSQL, about once a minute, which zones' daily time has passed (the database decides,
+///   on its clock and tz rules; see `SQL.zoneScheduleCTE`) and creates their units. It beats `Liveness` every
+///   second; the database work of a tick runs beside it, so a slow database never looks like a hang.
+/// - Workers claim chunks (daily first, then recompute) and work through them batch by batch. On SIGTERM they
+///   finish the batch in hand, give the chunk back at once and stop.
+public struct Scheduler: Service {
+    public struct Configuration: Sendable {
+        public var tick: Duration = .seconds(60)
+        public var idlePoll: Duration = .seconds(2)
+        public var workers: Int = 2
+        public var stallAfterTicks: Int?
+        public init() {}
+    }
+
+    let queue: WorkQueue
+    let dailyAt: ReadMostly<DailyTime>
+    let configuration: Configuration
+    let liveness: Liveness
+    let signal: WorkSignal
+    let started: StartupGate
+    let status: StatusBoard
+    let reporter: OperatorMetrics
+    let logger: Logger
+
+    package init(
+        queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
+        signal: WorkSignal, started: StartupGate, status: StatusBoard, reporter: OperatorMetrics, logger: Logger
+    ) {
+        self.queue = queue
+        self.dailyAt = dailyAt
+        self.configuration = configuration
+        self.liveness = liveness
+        self.signal = signal
+        self.started = started
+        self.status = status
+        self.reporter = reporter
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        self.started.open()
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.tickLoop() }
+            for worker in 0..<self.configuration.workers {
+                group.addTask { await self.workerLoop(worker) }
+            }
+        }
+        self.logger.debug("Scheduler stopped")
+    }
+
+    // MARK: Tick
+
+    private func tickLoop() async {
+        let tickRunning = AtomicFlag()
+        var ticks = 0
+        var nextTick = ContinuousClock.now
+        var lastTimezoneRefresh: ContinuousClock.Instant?
+        await withDiscardingTaskGroup { group in
+            while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                if let stallAfter = self.configuration.stallAfterTicks, ticks >= stallAfter {
+                    // Test fault: the loop hangs (no beats), as a deadlock would. Only cancellation ends it.
+                    self.logger.warning("Fault injection: scheduler loop stalled")
+                    while !Task.isCancelled { try? await Task.sleep(for: .milliseconds(200)) }
+                    break
+                }
+                self.liveness.beat()
+                let now = ContinuousClock.now
+                if now >= nextTick {
+                    ticks += 1
+                    nextTick = Self.nextTick(after: now, interval: self.configuration.tick)
+                    let refresh = lastTimezoneRefresh.map { now - $0 > .seconds(3600) } ?? true
+                    if refresh { lastTimezoneRefresh = now }
+                    if tickRunning.set() {
+                        group.addTask {
+                            await self.tick(refreshTimezones: refresh)
+                            tickRunning.clear()
+                        }
+                    } else {
+                        self.logger.warning("Previous scheduler tick still running; skipping this one")
+                    }
+                }
+                let slice = min(Duration.seconds(1), self.configuration.tick)
+                try? await Task.sleep(for: min(slice, max(.milliseconds(10), nextTick - ContinuousClock.now)))
+            }
+        }
+    }
+
+    /// The next tick: every `interval`, aligned to wall-clock minutes (plus one second) when the interval is a
+    /// whole number of minutes, so runs start within about a second of the due minute.
+    static func nextTick(after now: ContinuousClock.Instant, interval: Duration) -> ContinuousClock.Instant {
+        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return now + interval }
+        let wall = Date().timeIntervalSince1970
+        let intoMinute = wall.truncatingRemainder(dividingBy: 60)
+        var untilAligned = (61 - intoMinute).truncatingRemainder(dividingBy: 60)
+        // A tick that woke a hair before second 1 on the wall clock (the sleep runs on the monotonic clock) would
+        // otherwise schedule the next one for right now: one tick per minute, not two.
+        if untilAligned < 1 { untilAligned += 60 }
+        let base = now + .milliseconds(Int64(untilAligned * 1000))
+        return base + interval - .seconds(60)
+    }
+
+    private func tick(refreshTimezones: Bool) async {
+        do {
+            if refreshTimezones { try await self.queue.refreshKnownTimezones() }
+            let dailyAt = self.dailyAt.value
+            let units = try await self.queue.enqueueDueUnits(dailyAt: dailyAt)
+            for unit in units {
+                self.logger.info(
+                    "Daily unit due",
+                    metadata: [
+                        "metricsd.zone": "\(unit.timezone)", "metricsd.date": "\(unit.localDate)",
+                        "metricsd.chunks": "\(unit.chunks)",
+                    ])
+            }
+            if !units.isEmpty { self.signal.notify() }
+            for finished in try await self.queue.finishCompleted() { self.reportFinished(finished) }
+            try await self.reporter.refresh(dailyAt: dailyAt)
+            self.status.database(nil)
+        } catch {
+            self.status.database(Self.shortReason(error))
+            self.logger.warning("Scheduler tick failed", metadata: ["metricsd.error": "\(error)"])
+        }
+    }
+
+    // MARK: Workers
+
+    private func workerLoop(_ worker: Int) async {
+        let key = "worker\(worker)"
+        var failures = 0
+        // A chunk whose failure could not be recorded (the database was unreachable): it stays leased to this
+        // instance, untouched, for the rest of its lease unless the failure is recorded once the database is back.
+        var unrecorded: (chunk: ClaimedChunk, error: String)?
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            var claimed: ClaimedChunk?
+            do {
+                if let failed = unrecorded {
+                    try await self.queue.fail(failed.chunk, error: failed.error)
+                    unrecorded = nil
+                }
+                guard let chunk = try await self.queue.claim() else {
+                    self.status.activity(key, nil)
+                    failures = 0
+                    await cancelWhenGracefulShutdown { await self.signal.wait(timeout: self.configuration.idlePoll) }
+                    continue
+                }
+                claimed = chunk
+                if let previous = chunk.takenOverFrom {
+                    self.reporter.recordTakeover(chunk)
+                    var metadata = Self.metadata(chunk)
+                    metadata["metricsd.lease.previous_owner"] = "\(previous)"
+                    self.logger.warning("Took over a chunk whose lease another instance let expire", metadata: metadata)
+                }
+                self.status.activity(key, Self.describe(chunk))
+                let started = ContinuousClock.now
+                let liveness = self.liveness
+                let progress = try await self.queue.process(
+                    chunk, shouldStop: { Task.isShuttingDownGracefully }, afterBatch: { _ in liveness.beat() })
+                self.reporter.recordChunk(chunk, progress: progress, duration: ContinuousClock.now - started)
+                switch progress.end {
+                case .finished:
+                    for finished in try await self.queue.finishCompleted(after: chunk) { self.reportFinished(finished) }
+                case .stopped:
+                    self.logger.info("Chunk handed back on shutdown", metadata: Self.metadata(chunk))
+                case .leaseLost:
+                    self.logger.warning(
+                        "Chunk lease lost to another worker, or its work was cancelled; batch rolled back",
+                        metadata: Self.metadata(chunk))
+                }
+                failures = 0
+                self.status.database(nil)
+            } catch {
+                failures += 1
+                self.reporter.recordFailure(claimed)
+                self.status.database(Self.shortReason(error))
+                var metadata = claimed.map(Self.metadata) ?? [:]
+                metadata["metricsd.error"] = "\(error)"
+                self.logger.warning("Worker failed; retrying", metadata: metadata)
+                if let chunk = claimed {
+                    let message = "\(error)"
+                    do {
+                        try await self.queue.fail(chunk, error: message)
+                    } catch {
+                        unrecorded = (chunk, message)
+                    }
+                }
+                let backoff = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
+                await cancelWhenGracefulShutdown { try? await Task.sleep(for: backoff) }
+            }
+            self.status.activity(key, nil)
+        }
+    }
+
+    private func reportFinished(_ finished: WorkQueue.Finished) {
+        self.reporter.recordFinished(finished)
+        switch finished {
+        case .unit(let zone, let date, let version, let counts, let seconds, let delay):
+            var metadata = Self.metadata(counts)
+            metadata["metricsd.zone"] = "\(zone)"
+            metadata["metricsd.date"] = "\(date)"
+            metadata["metricsd.version"] = "\(version)"
+            metadata["metricsd.duration.seconds"] = "\((seconds * 1000).rounded() / 1000)"
+            metadata["metricsd.delay.seconds"] = "\((delay * 1000).rounded() / 1000)"
+            self.logger.info("Daily unit done: \(counts.summary)", metadata: metadata)
+        case .job(let id, let counts, let seconds):
+            var metadata = Self.metadata(counts)
+            metadata["metricsd.job.id"] = "\(id)"
+            metadata["metricsd.duration.seconds"] = "\((seconds * 1000).rounded() / 1000)"
+            self.logger.info("Recompute job \(id) done: \(counts.summary)", metadata: metadata)
+        }
+    }
+
+    static func metadata(_ counts: WorkCounts) -> Logger.Metadata {
+        [
+            "metricsd.users.total": "\(counts.total)", "metricsd.users.examined": "\(counts.examined)",
+            "metricsd.users.written": "\(counts.written)", "metricsd.users.already_current": "\(counts.alreadyCurrent)",
+            "metricsd.users.skipped": "\(counts.skipped)",
+        ]
+    }
+
+    static func describe(_ chunk: ClaimedChunk) -> String {
+        switch chunk.kind {
+        case .daily(let zone, let date): "daily \(zone) \(date)"
+        case .recompute(let job): "recompute job \(job)"
+        }
+    }
+
+    static func metadata(_ chunk: ClaimedChunk) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["metricsd.chunk.id": "\(chunk.id)"]
+        switch chunk.kind {
+        case .daily(let zone, let date):
+            metadata["metricsd.zone"] = "\(zone)"
+            metadata["metricsd.date"] = "\(date)"
+        case .recompute(let job):
+            metadata["metricsd.job.id"] = "\(job)"
+        }
+        return metadata
+    }
+
+    static func shortReason(_ error: any Error) -> String {
+        let text = "\(error)"
+        return text.count > 80 ? String(text.prefix(79)) + "…" : text
+    }
+}

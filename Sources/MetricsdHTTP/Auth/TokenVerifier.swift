@@ -1,0 +1,192 @@
+import Crypto
+import Foundation
+import JWTKit
+
+/// Verifies user JWTs with pinned algorithms: HS256 against the shared secret, the public key's own algorithm
+/// against the public key, and nothing else (`none`, or HS256 signed with the public key, are refused before any
+/// signature check).
+///
+/// Parsing and claim checks are done here, on plain values; jwt-kit provides the keys and signature maths.
+public struct TokenVerifier: Sendable {
+    private let algorithms: [String: any JWTAlgorithm]
+    /// HS256's HMAC, already keyed: each check copies it (copy-on-write state) instead of keying a new one.
+    /// Through jwt-kit's generic signer an HS256 check cost about as much as the rest of the request's token
+    /// handling together (a new HMAC keyed per token, conversions to and from `Data`); swift-crypto's HMAC is
+    /// used directly instead.
+    private let keyedHMAC: HMAC<SHA256>?
+    private let issuer: String?
+    private let audience: String?
+    private let leeway: Int64
+
+    /// Checks that `pem` is a public key this verifier accepts (start-up and reload fail with one clear line).
+    public static func checkPublicKey(_ pem: String) throws(TokenKeyError) {
+        _ = try PublicKeyPEM(pem)
+    }
+
+    /// The algorithms accepted, e.g. `["HS256", "EdDSA"]`.
+    public var acceptedAlgorithms: [String] { self.algorithms.keys.sorted() }
+
+    public init(_ configuration: TokenConfiguration) async throws(TokenKeyError) {
+        var algorithms: [String: any JWTAlgorithm] = [:]
+        if let secret = configuration.hmacSecret {
+            let keys = await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+            algorithms["HS256"] = try await Self.key(keys)
+        }
+        if let pem = configuration.publicKeyPEM {
+            let algorithm = try await Self.publicKeyAlgorithm(pem)
+            algorithms[algorithm.name] = algorithm
+        }
+        guard !algorithms.isEmpty else {
+            throw TokenKeyError(
+                "no JWT verification key: set $CREDENTIALS_DIRECTORY/jwt-secret, METRICSD_JWT_SECRET_FILE, METRICSD_JWT_SECRET or METRICSD_JWT_PUBLIC_KEY_FILE"
+            )
+        }
+        self.algorithms = algorithms
+        self.keyedHMAC = configuration.hmacSecret.map { HMAC<SHA256>(key: SymmetricKey(data: Array($0.utf8))) }
+        self.issuer = configuration.issuer
+        self.audience = configuration.audience
+        self.leeway = Int64(configuration.leewaySeconds)
+    }
+
+    private static func key(_ keys: JWTKeyCollection) async throws(TokenKeyError) -> any JWTAlgorithm {
+        do {
+            return try await keys.getKey()
+        } catch {
+            throw TokenKeyError("JWT key could not be loaded")
+        }
+    }
+
+    /// The verifier of a PEM public key: Ed25519 (EdDSA), P-256 (ES256) or RSA (RS256, at least 2048 bits).
+    private static func publicKeyAlgorithm(_ pem: String) async throws(TokenKeyError) -> any JWTAlgorithm {
+        switch try PublicKeyPEM(pem) {
+        case .eddsa(let key): return try await Self.key(await JWTKeyCollection().add(eddsa: key))
+        case .es256(let key): return try await Self.key(await JWTKeyCollection().add(ecdsa: key))
+        case .rs256(let key): return try await Self.key(await JWTKeyCollection().add(rsa: key, digestAlgorithm: .sha256))
+        }
+    }
+
+    /// Verifies a compact JWS and returns its user id (`sub`).
+    /// - Parameter now: seconds since 1970 (tests pass their own).
+    public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
+        let parts = Self.threeParts(token)
+        guard let parts, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
+        let alg: String
+        if let known = Self.commonHeader(parts.header) {
+            alg = known  // the usual header, character for character: nothing to decode
+        } else {
+            guard let headerData = Base64URL.decode(parts.header) else { throw TokenError("malformed token") }
+            // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
+            guard JSONObjectNames.hasDuplicates(headerData) == false,
+                let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
+            else {
+                throw TokenError("malformed token header")
+            }
+            guard header.crit == nil else { throw TokenError("unsupported critical header") }
+            alg = header.alg
+        }
+        guard let algorithm = self.algorithms[alg] else {
+            throw TokenError("token algorithm \(Self.shown(alg)) is not accepted")
+        }
+        guard let payloadData = Base64URL.decode(parts.payload), let signature = Base64URL.decode(parts.signature)
+        else { throw TokenError("malformed token") }
+        let signed = parts.header.utf8.count + 1 + parts.payload.utf8.count
+        let valid: Bool
+        if alg == "HS256", var mac = self.keyedHMAC {
+            if token.utf8.withContiguousStorageIfAvailable({ mac.update(data: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed]))) }) == nil {
+                mac.update(data: Array(token.utf8.prefix(signed)))
+            }
+            valid = Self.constantTimeEqual(mac.finalize(), signature)
+        } else {
+            valid = (try? algorithm.verify(signature, signs: Array(token.utf8.prefix(signed)))) ?? false
+        }
+        guard valid else { throw TokenError("invalid token signature") }
+        // RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
+        // refused, whichever reader would have read it.
+        let claims: JWTClaims
+        switch JWTClaims.read(payloadData) {
+        case .claims(let plain): claims = plain
+        case .duplicateName: throw TokenError("token repeats a claim name")
+        case .notPlain:
+            guard let names = JSONObjectNames.hasDuplicates(payloadData) else { throw TokenError("malformed token payload") }
+            guard !names else { throw TokenError("token repeats a claim name") }
+            guard let decoded = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
+                throw TokenError("malformed token payload")
+            }
+            claims = decoded
+        }
+        guard let exp = claims.exp?.seconds else { throw TokenError("token has no valid exp claim") }
+        guard now <= exp + self.leeway else { throw TokenError("token expired") }
+        if let nbfValue = claims.nbf {
+            guard let nbf = nbfValue.seconds else { throw TokenError("token nbf claim is not a time") }
+            guard now + self.leeway >= nbf else { throw TokenError("token is not valid yet") }
+        }
+        if let issuer = self.issuer {
+            guard claims.iss?.string == issuer else { throw TokenError("token issuer is not accepted") }
+        }
+        if let audience = self.audience {
+            guard claims.aud?.values.contains(audience) == true else { throw TokenError("token audience is not accepted") }
+        }
+        guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
+        return userID
+    }
+
+    /// The three dot-separated parts of a compact JWS, or nil when there are not exactly three.
+    static func threeParts(_ token: Substring) -> (header: Substring, payload: Substring, signature: Substring)? {
+        let utf8 = token.utf8
+        guard let first = utf8.firstIndex(of: UInt8(ascii: ".")) else { return nil }
+        let afterFirst = utf8.index(after: first)
+        guard let second = utf8[afterFirst...].firstIndex(of: UInt8(ascii: ".")) else { return nil }
+        let afterSecond = utf8.index(after: second)
+        guard !utf8[afterSecond...].contains(UInt8(ascii: ".")) else { return nil }
+        return (token[..<first], token[afterFirst..<second], token[afterSecond...])
+    }
+
+    /// One decoder for every token (decoding does not change it; `JSONDecoder` is safe to share).
+    private static let decoder = JSONDecoder()
+
+    /// The headers token libraries write (compact JSON, `alg` and `typ` in either order, or `alg` alone), base64url
+    /// encoded as they appear in tokens, and their algorithm. Any other header is decoded and goes through the
+    /// duplicate and `crit` checks.
+    private static let commonHeaders: [(bytes: [UInt8], alg: String)] = {
+        var headers: [([UInt8], String)] = []
+        for alg in ["HS256", "EdDSA", "ES256", "RS256"] {
+            for json in [
+                #"{"alg":"\#(alg)","typ":"JWT"}"#, #"{"typ":"JWT","alg":"\#(alg)"}"#, #"{"alg":"\#(alg)"}"#,
+            ] {
+                let base64 = Data(json.utf8).base64EncodedString()
+                let base64URL = base64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                    .replacingOccurrences(of: "=", with: "")
+                headers.append((Array(base64URL.utf8), alg))
+            }
+        }
+        return headers
+    }()
+
+    /// The algorithm of one of the common headers, compared as encoded text (no decoding, no allocation).
+    static func commonHeader(_ encoded: Substring) -> String? {
+        let found = encoded.utf8.withContiguousStorageIfAvailable { bytes -> String? in
+            for header in Self.commonHeaders where header.bytes.count == bytes.count {
+                if header.bytes.withUnsafeBufferPointer({ memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0 }) {
+                    return header.alg
+                }
+            }
+            return nil
+        }
+        if let found { return found }
+        return Self.commonHeaders.first { $0.bytes.elementsEqual(encoded.utf8) }?.alg
+    }
+
+    /// Whether a MAC equals the presented signature, in time that depends only on their lengths.
+    static func constantTimeEqual(_ mac: HashedAuthenticationCode<SHA256>, _ signature: [UInt8]) -> Bool {
+        mac.withUnsafeBytes { computed in
+            guard computed.count == signature.count else { return false }
+            var difference: UInt8 = 0
+            for index in 0..<computed.count { difference |= computed[index] ^ signature[index] }
+            return difference == 0
+        }
+    }
+
+    private static func shown(_ text: String) -> String {
+        "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"
+    }
+}

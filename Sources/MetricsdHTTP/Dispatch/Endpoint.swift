@@ -1,0 +1,117 @@
+import HTTPTypes
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// One endpoint of the API, defined once: its method and path, who may call it, and what it does.
+///
+/// Everything every endpoint shares — the request id, the body limit, the in-flight limit, routing (404/405),
+/// authentication, error bodies, the `Date`/`Content-Length` headers, the request log line and the
+/// `metricsd_http_*` metrics — is done around the handler by ``APIDispatcher``, the one path every request
+/// takes. A handler only does the endpoint's own work.
+package struct Endpoint: Sendable {
+    /// Who may call an endpoint.
+    package enum Access: Sendable {
+        /// Anyone (health, metrics, the API document).
+        case open
+        /// An end user with a valid bearer JWT; the handler gets the token's user id.
+        case user
+        /// An operator with the admin token.
+        case admin
+    }
+
+    /// How a handler answers. All three end the same way (``APIDispatcher`` writes the reply on the connection's
+    /// event loop); they differ only in where the work runs.
+    package enum Handler: Sendable {
+        /// Answers at once, on the event loop (must not block).
+        case immediate(@Sendable (EndpointRequest) throws -> Reply)
+        /// Starts work elsewhere and calls back exactly once, from any thread (the batched latest-metrics read).
+        case callback(@Sendable (EndpointRequest, @escaping @Sendable (Result<Reply, any Error>) -> Void) -> Void)
+        /// Runs in a task (database writes, admin operations).
+        case async(@Sendable (EndpointRequest) async throws -> Reply)
+    }
+
+    let method: HTTPRequest.Method
+    /// The path template, `{name}` for a parameter segment. Also the `route` of the request log and metrics.
+    let route: String
+    let access: Access
+    let handler: Handler
+
+    package init(_ method: HTTPRequest.Method, _ route: String, access: Access, _ handler: Handler) {
+        self.method = method
+        self.route = route
+        self.access = access
+        self.handler = handler
+    }
+}
+
+/// What a handler sees of a request.
+package struct EndpointRequest: Sendable {
+    let head: HTTPRequestHead
+    /// The body (at most 16 KiB; empty when there is none).
+    package let body: ByteBuffer
+    /// The value of the template's `{name}` segment, when it has one.
+    package let parameter: Substring?
+    /// The correlation id (`X-Request-Id`), in the reply and in every log line about the request.
+    let requestID: String
+    /// The authenticated user (`Endpoint.Access.user` only).
+    let userID: Int64?
+    /// The connection's event loop: a callback handler may hop there before building its body.
+    package let eventLoop: any EventLoop
+    private let baseLogger: Logger
+
+    init(
+        head: HTTPRequestHead, body: ByteBuffer, parameter: Substring?, requestID: String, userID: Int64?,
+        eventLoop: any EventLoop, logger: Logger
+    ) {
+        self.head = head
+        self.body = body
+        self.parameter = parameter
+        self.requestID = requestID
+        self.userID = userID
+        self.eventLoop = eventLoop
+        self.baseLogger = logger
+    }
+
+    /// The request's logger: every line carries the request id (and the user id when authenticated). Made only
+    /// when something is logged (copying a logger's metadata allocates).
+    package var logger: Logger { APIDispatcher.requestLogger(self.baseLogger, requestID: self.requestID, userID: self.userID) }
+
+    /// The authenticated user id; only `Endpoint.Access.user` endpoints call this.
+    package func user() throws(AppError) -> Int64 {
+        guard let userID = self.userID else { throw AppError.unauthorized("missing bearer token") }
+        return userID
+    }
+}
+
+/// An answer: status, extra headers and body. `Content-Length`, `Date` and `X-Request-Id` are added when it is
+/// written; `Content-Type` is JSON unless the reply names another.
+package struct Reply: Sendable {
+    package var status: HTTPResponse.Status
+    var headers: HTTPFields
+    var body: ByteBuffer
+
+    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A JSON body, ended by a newline (so that two answers printed by curl do not run together).
+    package static func json(_ text: String, status: HTTPResponse.Status = .ok, headers: HTTPFields = [:]) -> Reply {
+        Reply(status: status, headers: headers, body: Self.line(text))
+    }
+
+    /// The error body `{"error": "message", "statusCode": N}` with the error's headers.
+    static func error(_ error: AppError) -> Reply {
+        Reply(status: error.status, headers: error.headers, body: Self.line(error.body))
+    }
+
+    /// `text` and a newline in one buffer.
+    static func line(_ text: String) -> ByteBuffer {
+        var buffer = ByteBufferAllocator().buffer(capacity: text.utf8.count + 1)
+        buffer.writeString(text)
+        buffer.writeInteger(UInt8(ascii: "\n"))
+        return buffer
+    }
+}

@@ -1,0 +1,128 @@
+import Foundation
+import Glibc
+import Testing
+
+/// A private PostgreSQL cluster for one test that must stop and start the database under a running daemon.
+/// Made with `scripts/pg-cluster` (`METRICSD_PG_CLUSTER`) in a unique directory under `METRICSD_TEST_TMP`;
+/// the shared test server is never touched. Always ``destroy()`` it (also on failure).
+package struct ThrowawayCluster: Sendable {
+    package let directory: String
+    package let port: Int
+    private let script: String
+
+    package init(directory: String, port: Int, script: String) {
+        self.directory = directory
+        self.port = port
+        self.script = script
+    }
+
+    /// Creates (initdb, a few seconds) a stopped cluster on a free port.
+    package static func create(_ label: String) async throws -> ThrowawayCluster {
+        let environment = ProcessInfo.processInfo.environment
+        let script = try #require(
+            environment["METRICSD_PG_CLUSTER"].flatMap { $0.isEmpty ? nil : $0 },
+            "METRICSD_PG_CLUSTER is not set: run the tests with the README's test command (scripts/test)")
+        let base = environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
+        let directory = URL(fileURLWithPath: base)
+            .appendingPathComponent("\(label)-" + UUID().uuidString.prefix(8).lowercased()).path
+        let cluster = ThrowawayCluster(directory: directory, port: DaemonProcess.freePort(), script: script)
+        do {
+            try await cluster.run("create", directory, String(cluster.port))
+        } catch {
+            await cluster.destroy()
+            throw error
+        }
+        return cluster
+    }
+
+    /// `postgresql://postgres@127.0.0.1:PORT/postgres?sslmode=disable` (the cluster's own database).
+    package var url: String { "postgresql://postgres@127.0.0.1:\(self.port)/postgres?sslmode=disable" }
+
+    package func start() async throws { try await self.run("start", self.directory) }
+
+    package func stop() async throws { try await self.run("stop", self.directory, "fast") }
+
+    /// Stops (immediately) and deletes the cluster; never throws.
+    package func destroy() async { try? await self.run("destroy", self.directory) }
+
+    /// Runs `scripts/pg-cluster ARGS` off the cooperative pool; throws with its output when it fails.
+    private func run(_ arguments: String...) async throws {
+        let (status, output) = try await Subprocess.run(self.script, arguments)
+        try #require(status == 0, "pg-cluster \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
+    }
+}
+
+/// Runs short helper programs (pg-cluster, `metricsd migrate`, `metricsd healthcheck`) to completion.
+package enum Subprocess {
+    /// Runs `executable arguments` with `environment` (the test's own when nil); exit status and stdout+stderr.
+    package static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String]? = nil
+    ) async throws -> (status: Int32, output: String) {
+        let (status, stdout, stderr) = try await self.capture(executable, arguments, environment: environment)
+        return (status, stdout + stderr)
+    }
+
+    /// Like ``run(_:_:environment:)`` with stdout and stderr apart.
+    ///
+    /// Not `Foundation.Process`: it notices a child's exit through a socket the child inherits, so a command that
+    /// leaves a server running (pg_ctl start) never "exits", and the server would inherit that socket. Here the
+    /// child gets /dev/null, two temporary files and no other descriptor; a thread waits with `waitpid`. A command
+    /// that cannot be run exits 127 (bash's "command not found").
+    package static func capture(
+        _ executable: String, _ arguments: [String], environment: [String: String]? = nil
+    ) async throws -> (status: Int32, stdout: String, stderr: String) {
+        let base = NSTemporaryDirectory() + "metricsd-subprocess-" + UUID().uuidString
+        let (stdoutPath, stderrPath) = (base + ".out", base + ".err")
+        defer {
+            unlink(stdoutPath)
+            unlink(stderrPath)
+        }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, stdoutPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        // posix_spawn_file_actions_addclosefrom_np is not imported: bash closes every other inherited descriptor
+        // (e.g. other tests' sockets and pipes) and then runs the command.
+        let closeAndRun = #"for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done; exec "$@""#
+        let argv = (["/bin/bash", "-c", closeAndRun, "bash", executable] + arguments).map { strdup($0) } + [nil]
+        let envp = (environment ?? ProcessInfo.processInfo.environment).map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, "/bin/bash", &actions, nil, argv, envp)
+        guard rc == 0 else { throw SubprocessError(executable: executable, errno: rc) }
+        let child = pid
+        let status = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+            Thread.detachNewThread {
+                var status: Int32 = 0
+                while waitpid(child, &status, 0) < 0 && errno == EINTR {}
+                // WIFEXITED / WEXITSTATUS / WTERMSIG by hand (the macros are not imported).
+                let signal = status & 0x7f
+                continuation.resume(returning: signal == 0 ? (status >> 8) & 0xff : -signal)
+            }
+        }
+        let outText = (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? ""
+        let errText = (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? ""
+        return (status, outText, errText)
+    }
+}
+
+package struct SubprocessError: Error, CustomStringConvertible {
+    package let executable: String
+    package let errno: Int32
+    package var description: String { "cannot run \(self.executable): \(String(cString: strerror(self.errno)))" }
+}
+
+/// Runs `body` with a new, stopped ``ThrowawayCluster``; destroys it afterwards.
+package func withThrowawayCluster<T>(_ label: String, _ body: (ThrowawayCluster) async throws -> T) async throws -> T {
+    let cluster = try await ThrowawayCluster.create(label)
+    do {
+        let value = try await body(cluster)
+        await cluster.destroy()
+        return value
+    } catch {
+        await cluster.destroy()
+        throw error
+    }
+}
