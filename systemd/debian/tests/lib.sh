@@ -66,14 +66,15 @@ answers_200() {
     [[ "$code" == "200" ]]
 }
 
+# psql as PostgreSQL's superuser on the database metricsd (from /, which the user postgres may enter).
 psql_db() {
-    runuser -u postgres -- psql -X -q -tA -v ON_ERROR_STOP=1 -d metricsd "$@"
+    (cd / && runuser -u postgres -- psql -X -q -tA -v ON_ERROR_STOP=1 -d metricsd "$@")
 }
 
 # Whether the install steps (debian/tests/install) have run on this host: the database exists and the service is
 # enabled.
 installed_and_configured() {
-    [[ "$(runuser -u postgres -- psql -X -tA -d postgres -c "SELECT count(*) FROM pg_database WHERE datname = 'metricsd'" 2>/dev/null)" == 1 ]] &&
+    [[ "$(cd / && runuser -u postgres -- psql -X -tA -d postgres -c "SELECT count(*) FROM pg_database WHERE datname = 'metricsd'" 2>/dev/null)" == 1 ]] &&
         [[ "$(systemctl is-enabled metricsd.service 2>/dev/null)" == enabled ]]
 }
 
@@ -123,9 +124,10 @@ latest_metrics() {
     return 1
 }
 
-# The served row's values (bmi, bmr, tdee, computedAt, version), one per line, from the JSON body on stdin.
+# The served row's values (bmi, bmr, tdee, computedAt, version), one per line, from the JSON body on stdin: the
+# "metrics" object's members (the explanations next to it have the same names).
 metric_values() {
-    grep -o '"\(bmi\|bmr\|tdee\|computedAt\|version\)":[^,}]*'
+    sed -n 's/.*"metrics":{\([^}]*\)}.*/\1/p' | grep -o '"\(bmi\|bmr\|tdee\|computedAt\|version\)":[^,}]*'
 }
 
 # Every metrics row as it is now, in the test's own table NAME: snapshot_rows NAME, then rows_kept NAME.
