@@ -1,6 +1,11 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 import HealthMetrics
 import Logging
 import MetricsdPostgres
@@ -116,7 +121,7 @@ public struct OperatorSession: Sendable {
         while true {
             guard let job = try await self.jobs.job(id: jobID) else { throw Failure("recompute job \(jobID) vanished") }
             if terminal {
-                FileHandle.standardOutput.write(Data(("\r" + Self.progressBar(job) + "\u{1B}[K").utf8))
+                StandardOutput.write("\r" + Self.progressBar(job) + "\u{1B}[K")
             } else if ContinuousClock.now - lastLine >= .seconds(5) || job.state.isFinished {
                 Self.print(Self.progressLine(job))
                 lastLine = ContinuousClock.now
@@ -207,14 +212,22 @@ public struct OperatorSession: Sendable {
     }
 
     static func percent(_ value: Double) -> String {
-        String(format: "%.1f%%", value)
+        // One decimal, rounded half away from zero (printf's %.1f rounds the binary value; the difference is
+        // invisible in a progress figure).
+        guard value.isFinite, abs(value) < 1e15 else { return "\(value)%" }
+        let tenths = Int((value * 10).rounded())
+        return "\(tenths < 0 ? "-" : "")\(abs(tenths) / 10).\(abs(tenths) % 10)%"
+    }
+
+    static func twoDigits(_ value: Int) -> String {
+        value < 10 ? "0\(value)" : "\(value)"
     }
 
     static func duration(_ seconds: Double) -> String {
         let total = Int(seconds.rounded())
         if total < 60 { return "\(total)s" }
-        if total < 3600 { return "\(total / 60)m\(String(format: "%02d", total % 60))s" }
-        return "\(total / 3600)h\(String(format: "%02d", total / 60 % 60))m"
+        if total < 3600 { return "\(total / 60)m\(Self.twoDigits(total % 60))s" }
+        return "\(total / 3600)h\(Self.twoDigits(total / 60 % 60))m"
     }
 
     // MARK: skipped
@@ -263,12 +276,12 @@ public struct OperatorSession: Sendable {
         do {
             environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
         } catch {
-            FileHandle.standardError.write(Data("not ready: configuration error: \(error)\n".utf8))
+            StandardError.write("not ready: configuration error: \(error)\n")
             return 1
         }
         let text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
         guard let listen = ListenAddress(parsing: text) else {
-            FileHandle.standardError.write(Data("not ready: '\(text)' is not host:port\n".utf8))
+            StandardError.write("not ready: '\(text)' is not host:port\n")
             return 1
         }
         let host = listen.host == "0.0.0.0" ? "127.0.0.1" : (listen.host == "::" ? "::1" : listen.host)
@@ -278,10 +291,10 @@ public struct OperatorSession: Sendable {
             return 0
         case .success(let response):
             let reason = Self.readinessReason(response.body) ?? "HTTP \(response.status)"
-            FileHandle.standardError.write(Data("not ready: \(reason)\n".utf8))
+            StandardError.write("not ready: \(reason)\n")
             return 1
         case .failure(let error):
-            FileHandle.standardError.write(Data("not ready: \(listen): \(error)\n".utf8))
+            StandardError.write("not ready: \(listen): \(error)\n")
             return 1
         }
     }
@@ -292,6 +305,6 @@ public struct OperatorSession: Sendable {
     }
 
     static func print(_ line: String) {
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        StandardOutput.write(line + "\n")
     }
 }

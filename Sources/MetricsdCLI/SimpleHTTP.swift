@@ -1,6 +1,11 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 
 /// A minimal blocking HTTP/1.1 GET over a TCP socket, for `metricsd healthcheck` (no HTTP client dependency).
 enum SimpleHTTP {

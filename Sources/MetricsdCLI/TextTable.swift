@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Plain aligned columns for terminal output.
 enum TextTable {
@@ -14,7 +18,7 @@ enum TextTable {
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { index, cell in
                 let text = cell.count > 60 && index < cells.count - 1 ? String(cell.prefix(59)) + "…" : cell
-                return index == cells.count - 1 ? text : text.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+                return index == cells.count - 1 ? text : text.padded(to: widths[index])
             }.joined(separator: "  ")
         }
         return ([line(header)] + rows.map(line)).joined(separator: "\n")

@@ -41,11 +41,17 @@ public enum BuildInfo {
         #endif
     }()
 
-    /// `metricsd --version`: version, formula version, build.
-    public static let versionText: String = """
-        metricsd \(BuildInfo.version)
-        formula version \(MetricsFormula.current.version)
-        commit \(BuildInfo.commit)
-        built with Swift \(BuildInfo.swiftVersion) for \(BuildInfo.platform)
-        """
+    /// The Debian package version when built as the package (scripts/package: from its debian/changelog, e.g.
+    /// `1.0.0` or `1.0.0-2`), nil otherwise; stamped before each build by the BuildStamp plugin.
+    public static var packageVersion: String? { BuildStamp.packageVersion }
+
+    /// `metricsd --version`: version, the Debian package's version when built as the package, formula version,
+    /// build.
+    public static let versionText: String = (
+        ["metricsd \(BuildInfo.version)"] + (BuildInfo.packageVersion.map { ["package \($0)"] } ?? []) + [
+            "formula version \(MetricsFormula.current.version)",
+            "commit \(BuildInfo.commit)",
+            "built with Swift \(BuildInfo.swiftVersion) for \(BuildInfo.platform)",
+        ]
+    ).joined(separator: "\n")
 }

@@ -42,6 +42,12 @@ extension SQL {
         GROUP BY j.id, j.users_total, j.started_at, j.created_at
         """
 
+    /// Whether the database has a migration newer than `parameter` (this build's newest): a newer metricsd
+    /// migrated it, and this build writes nothing (its statements may not know the newer schema) but still reads.
+    static func newerSchema(_ parameter: String) -> String {
+        "EXISTS (SELECT 1 FROM metricsd_migrations m WHERE m.name > \(parameter))"
+    }
+
     /// Claims the next chunk: daily work first, then recompute work, then (when `$5` is true) retention work, each
     /// in creation order. A chunk is free when pending, or when its lease has expired by the database clock (its
     /// holder crashed or stalled). Marks its unit, job or retention run running, and names the instance whose
@@ -49,7 +55,8 @@ extension SQL {
     /// retry after a recorded failure). Only daily and recompute chunks of this build's formula version are
     /// claimed: during a rolling upgrade each version's instances do their own version's work; retention chunks
     /// (version 0) do not depend on the formulas. `$1` now, `$2` owner, `$3` lease seconds, `$4` formula
-    /// version, `$5` retention chunks too.
+    /// version, `$5` retention chunks too. Nothing is claimed when the schema is newer than this build
+    /// (`newerSchema`, `$6`).
     static let claimChunk = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         next AS (
@@ -57,6 +64,7 @@ extension SQL {
           FROM work_chunks c
           WHERE (c.version = $4 OR ($5::bool AND c.kind = 'retention'))
             AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < (SELECT now FROM clock)))
+            AND NOT \(newerSchema("$6"))
           ORDER BY c.priority, c.id
           LIMIT 1
           FOR UPDATE OF c SKIP LOCKED

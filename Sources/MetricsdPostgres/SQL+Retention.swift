@@ -8,7 +8,8 @@ extension SQL {
     /// before the last cutoff to one day after the new one (UTC). A full pass — the first run, and one a week —
     /// starts at the oldest date in the table instead: a user who came back after a long gap has old rows that
     /// were kept as their newest then. A run with no date to examine is done at once. Safe on every instance at
-    /// once: the unique index on active runs lets one insert win. Returns the new run and its chunk count.
+    /// once: the unique index on active runs lets one insert win. Nothing when the schema is newer than this build
+    /// (`newerSchema`, `$3`). Returns the new run and its chunk count.
     static let enqueueRetention = """
         WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
         last_done AS (SELECT cutoff FROM retention_runs WHERE state = 'done' ORDER BY id DESC LIMIT 1),
@@ -19,6 +20,7 @@ extension SQL {
                  (SELECT cutoff FROM last_done) AS previous
           FROM clock c
           WHERE NOT EXISTS (SELECT 1 FROM retention_runs WHERE state IN ('pending', 'running'))
+            AND NOT \(newerSchema("$3"))
         ),
         due AS (
           SELECT p.cutoff, p.full_pass,

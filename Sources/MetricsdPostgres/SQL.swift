@@ -94,7 +94,8 @@ enum SQL {
     /// older unfinished units of those zones: their date is no longer current, and metricsd does not back-fill.
     /// Never creates a unit for a date older than one that exists. One statement, so one round trip per tick
     /// and all or nothing. `$3` formula version. Records each unit's due instant (`dueInstantCTE`), from which
-    /// its delay is measured. Returns the new units and their chunk counts.
+    /// its delay is measured. Creates nothing when the schema is newer than this build (`newerSchema`, `$5`).
+    /// Returns the new units and their chunk counts.
     static let enqueueDueUnits = """
         WITH \(zoneScheduleCTE), \(dueInstantCTE),
         new_units AS (
@@ -105,6 +106,7 @@ enum SQL {
           WHERE NOT EXISTS (
             SELECT 1 FROM daily_units d
             WHERE d.timezone = s.timezone AND d.version = $3 AND d.local_date >= s.due_date)
+            AND NOT \(newerSchema("$5"))
           ON CONFLICT DO NOTHING
           RETURNING timezone, local_date, version, created_at
         ),

@@ -19,7 +19,7 @@ extension WorkQueue {
     /// one's (`SQL.enqueueRetention`); nil when nothing was created. Safe on every instance at once.
     public func enqueueRetention(days: Int, now: Timestamp? = nil) async throws -> NewRetentionRun? {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            let result = try connection.prepared("enqueue_retention", SQL.enqueueRetention, [now?.iso8601, String(days)])
+            let result = try connection.prepared("enqueue_retention", SQL.enqueueRetention, [now?.iso8601, String(days), Self.newestMigration])
             guard result.rowCount == 1 else { return nil }
             var dates: ClosedRange<LocalDate>?
             if let from = result.string(0, 3).flatMap({ LocalDate(iso: $0) }),

@@ -4,7 +4,8 @@ extension WorkQueue {
     // MARK: Settings changes
 
     /// Recomputes the given users' rows for their current local date (settings changed): a row computed before
-    /// the change is refreshed and its `computed_at` moves forward; invalid users get a skip record.
+    /// the change is refreshed and its `computed_at` moves forward; invalid users get a skip record. Writes
+    /// nothing when the schema is newer than this build (`newestMigration`).
     /// - Returns: rows written.
     @discardableResult
     public func refreshUsers(_ ids: [Int64], now: Timestamp? = nil) async throws -> Int {
@@ -12,6 +13,9 @@ extension WorkQueue {
         let formula = self.formula
         let literal = "{" + ids.map(String.init).joined(separator: ",") + "}"
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let newer = try connection.prepared(
+                "newer_schema", "SELECT \(SQL.newerSchema("$1"))", [Self.newestMigration])
+            if try newer.bool(0, 0) { return 0 }
             let rows = try UserRow.decode(
                 connection.prepared("read_users_by_id", SQL.readUsersByID, [now?.iso8601, nil, literal]))
             let batch = EvaluatedBatch(rows, formula: formula)

@@ -80,12 +80,18 @@ public struct WorkQueue: Sendable {
         }
     }
 
+    /// The newest migration this build knows. When the database has a newer one (a newer metricsd migrated it
+    /// during a rolling upgrade), this instance creates no unit, claims no chunk and refreshes no user: it keeps
+    /// serving reads, and the newer instances do the work.
+    static let newestMigration = Migration.all.map(\.name).max() ?? ""
+
     /// Creates the unit of every zone whose daily time has passed today by the database clock and has no unit
     /// yet, split into chunks, and supersedes older unfinished units of those zones. Safe to run on every
     /// instance at once: the `(zone, date, version)` key lets exactly one create each unit.
     public func enqueueDueUnits(dailyAt: DailyTime, now: Timestamp? = nil) async throws -> [NewUnit] {
         let parameters = [
             now?.iso8601, dailyAt.description, String(self.formula.version), String(self.configuration.chunkSize),
+            Self.newestMigration,
         ]
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let created = try connection.prepared("enqueue_due_units", SQL.enqueueDueUnits, parameters)
@@ -120,7 +126,8 @@ public struct WorkQueue: Sendable {
         let version = String(self.formula.version)
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.prepared(
-                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version, retention ? "true" : "false"])
+                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version, retention ? "true" : "false",
+                 Self.newestMigration])
             guard result.rowCount == 1 else { return nil }
             if try result.requiredString(0, 1) == "retention" { return .retention(try RetentionChunk(result, row: 0)) }
             return .users(try ClaimedChunk(result, row: 0))

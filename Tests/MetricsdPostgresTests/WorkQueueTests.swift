@@ -40,6 +40,30 @@ import Testing
         }
     }
 
+    /// A database a newer metricsd migrated (it has a migration this build does not know): this build creates no
+    /// unit, claims no chunk and refreshes no user, and does all three again once the schema is one it knows.
+    @Test func aNewerSchemaStopsThisBuildsWork() async throws {
+        try await withTestDatabase { database in
+            try await database.seed((1...10).map { SeedUser.valid(Int64($0), timezone: "Asia/Kathmandu") })
+            let queue = Self.queue(database)
+            let now = Timestamp(iso8601: "2025-10-28T18:25:00Z")!  // 00:10 on 10-29 in Kathmandu (+05:45)
+            #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).count == 1)
+            try await database.seed([SeedUser.valid(11, timezone: "UTC")])  // due too: 18:25 UTC is past 00:05
+            try await database.execute("INSERT INTO metricsd_migrations (name, checksum) VALUES ('9999_newer.sql', 'newer')")
+
+            #expect(try await queue.claim(now: now) == nil)
+            #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).isEmpty)
+            #expect(try await queue.refreshUsers([1, 11], now: now) == 0)
+            #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "0")
+            #expect(try await database.value("SELECT count(*) FROM work_chunks WHERE lease_owner IS NOT NULL") == "0")
+
+            try await database.execute("DELETE FROM metricsd_migrations WHERE name = '9999_newer.sql'")
+            #expect(try await queue.refreshUsers([11], now: now) == 1)
+            #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).map(\.timezone) == ["UTC"])
+            #expect(try await queue.claim(now: now) != nil)
+        }
+    }
+
     /// A claim names the instance whose expired lease it takes over; a chunk handed back on shutdown or after a
     /// failure is no takeover. The unit records its due instant, and its end reports the delay and the counts.
     @Test func takeoversDueInstantAndCounts() async throws {

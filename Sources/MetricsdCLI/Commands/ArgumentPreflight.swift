@@ -1,7 +1,13 @@
 import MetricsdDaemon
 import MetricsdHTTP
+import MetricsdSystemd
 import ArgumentParser
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 
 /// What metricsd does before ArgumentParser sees the arguments: with `serve` as the default command, an unknown
 /// command would be parsed as an argument of `serve` and answered with serve's usage; and help gets the
@@ -76,7 +82,7 @@ enum ArgumentPreflight {
         var message = "metricsd: unknown command '\(command)'."
         if let nearest = Self.nearest(command, in: names) { message += " Did you mean '\(nearest)'?" }
         message += "\nCommands: \(names.joined(separator: ", ")). Run 'metricsd help' for more; see man 8 metricsd.\n"
-        FileHandle.standardError.write(Data(message.utf8))
+        StandardError.write(message)
     }
 
     /// The command closest to `word` by edit distance, when close enough to be a typo (or `word` is its prefix).

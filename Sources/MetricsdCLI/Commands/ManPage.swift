@@ -1,7 +1,11 @@
 import MetricsdDaemon
 import MetricsdHTTP
 import ArgumentParser
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// `metricsd(8)` in roff, from ArgumentParser's help for each command and the settings table
 /// (`metricsd generate-docs man`; the committed copy is systemd/debian/metricsd.8).

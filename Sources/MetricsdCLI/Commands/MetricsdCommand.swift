@@ -1,7 +1,13 @@
 import MetricsdDaemon
 import MetricsdHTTP
+import MetricsdSystemd
 import ArgumentParser
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 
 /// `metricsd`: the root command; the executable calls ``main()``.
 public struct MetricsdCommand: AsyncParsableCommand {
@@ -180,7 +186,7 @@ struct CheckConfig: AsyncParsableCommand {
     func run() async throws {
         let check = await ConfigCheck.run(environment: ProcessInfo.processInfo.environment)
         for line in check.problemLines {
-            FileHandle.standardError.write(Data((line + "\n").utf8))
+            StandardError.write(line + "\n")
         }
         print(check.summaryText)
         if !check.isOK { throw ExitCode(78) }

@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Glibc
 import MetricsdPostgres
 
@@ -203,7 +207,7 @@ public struct ConfigCheck: Sendable {
     public var summaryText: String {
         let width = 14
         let head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
-        return ([head] + self.summary.map { "  " + ($0.label + ":").padding(toLength: width, withPad: " ", startingAt: 0) + $0.text })
+        return ([head] + self.summary.map { "  " + ($0.label + ":").padded(to: width) + $0.text })
             .joined(separator: "\n")
     }
 
@@ -223,7 +227,7 @@ public struct ConfigCheck: Sendable {
     }
 
     static func oneLine(_ text: String) -> String {
-        text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " ")
+        text.split(whereSeparator: \.isNewline).map { $0.trimmingSpaces() }.joined(separator: " ")
     }
 }
 

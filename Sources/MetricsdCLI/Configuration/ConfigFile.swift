@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// `METRICSD_CONFIG_FILE`: optional `NAME=value` lines (the settings of `metricsd help`) that override the
 /// environment. Unlike the environment of a running process, this file is re-read on `SIGHUP`, so the settings

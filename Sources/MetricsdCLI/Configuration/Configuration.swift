@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import HealthMetrics
 import Logging
 import MetricsdPostgres

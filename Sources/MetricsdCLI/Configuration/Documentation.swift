@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import HealthMetrics
 
 /// Text produced from ``SettingsCatalog``: the environment part of `metricsd help`, `systemd/metricsd.env.example`
@@ -59,7 +63,7 @@ public enum Documentation {
         lines.append("EXIT CODES:")
         for exit in Self.exitCodes {
             lines += Self.wrap(
-                exit.meaning, width: width, indent: "      ", first: "  \(exit.code)".padding(toLength: 6, withPad: " ", startingAt: 0))
+                exit.meaning, width: width, indent: "      ", first: "  \(exit.code)".padded(to: 6))
         }
         lines.append("")
         lines.append("See man 8 metricsd.")
@@ -120,7 +124,7 @@ public enum Documentation {
     /// The man page's ENVIRONMENT, FILES and EXIT STATUS sections, in roff.
     public static func manSections() -> String {
         var roff: [String] = [".SH ENVIRONMENT"]
-        roff.append(Self.roff(Self.configurationSources.replacingOccurrences(of: "\n", with: " ")))
+        roff.append(Self.roff(Self.configurationSources.replacing("\n", with: " ")))
         for group in Setting.Group.allCases {
             roff.append(".SS \(Self.roff(group.rawValue))")
             for setting in SettingsCatalog.all where setting.group == group {
@@ -156,7 +160,7 @@ public enum Documentation {
 
     /// Escapes text for roff: backslashes, and a leading `.` or `'`.
     public static func roff(_ text: String) -> String {
-        var escaped = text.replacingOccurrences(of: "\\", with: "\\e").replacingOccurrences(of: "-", with: "\\-")
+        var escaped = text.replacing("\\", with: "\\e").replacing("-", with: "\\-")
         if escaped.hasPrefix(".") || escaped.hasPrefix("'") { escaped = "\\&" + escaped }
         return escaped
     }

@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// `NAME=value` lines as systemd's `EnvironmentFile=` reads them, so that the file the service gets and the file
 /// the command line reads mean the same thing.
@@ -56,7 +60,7 @@ public enum EnvironmentFile {
                 name.append(characters[index])
                 index += 1
             }
-            let trimmedName = String(name).trimmingCharacters(in: .whitespaces)
+            let trimmedName = String(name).trimmingSpaces()
             guard index < characters.count, characters[index] == "=" else {
                 throw fail("expected NAME=value, got \(EnvironmentReader.shown(trimmedName))", at: startLine)
             }

@@ -1,6 +1,11 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 
 /// The configuration of `metricsd` run by hand on the host: the same settings file and credentials the service
 /// gets from its unit, so that `sudo metricsd status` or `metricsd healthcheck` need nothing exported.
@@ -82,7 +87,7 @@ public struct HostEnvironment: Sendable {
         }
         self.settingsFromFile = fromFile
         if environment["METRICSD_CONFIG_FILE"] == nil {
-            environment["METRICSD_CONFIG_FILE"] = "-" + (file as NSString).deletingLastPathComponent + "/metricsd.conf"
+            environment["METRICSD_CONFIG_FILE"] = "-" + Self.directory(of: file) + "/metricsd.conf"
         }
 
         let store = base["METRICSD_CREDSTORE"].flatMap { $0.isEmpty ? nil : $0 } ?? Self.defaultCredentialStore
@@ -103,5 +108,14 @@ public struct HostEnvironment: Sendable {
         self.credentialsUsed = used
         self.credentialsUnreadable = unreadable
         self.environment = environment
+    }
+
+    /// The directory part of a path ("" for a bare name, "/" for a file at the root), as Foundation's
+    /// `deletingLastPathComponent` gives it.
+    static func directory(of path: String) -> String {
+        var path = Substring(path)
+        while path.count > 1, path.hasSuffix("/") { path.removeLast() }
+        guard let slash = path.lastIndex(of: "/") else { return "" }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
     }
 }

@@ -1,6 +1,11 @@
 import MetricsdDaemon
 import MetricsdHTTP
+import Glibc
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Reads secrets the way systemd deployments expect: `$CREDENTIALS_DIRECTORY/<credential>` first (`LoadCredential=`),
 /// else a file named by a `*_FILE` variable, else the variable itself (development only).
@@ -33,37 +38,39 @@ public enum Secrets {
         } catch {
             throw ConfigurationError("\(what): \(error.message)")
         }
-        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        let trimmed = text.trimmingWhitespace()
         guard !trimmed.isEmpty else { throw ConfigurationError("\(what): \(path) is empty") }
         return trimmed
     }
 
     /// The whole file as UTF-8 text (empty allowed); errors say "cannot read PATH (reason)".
     static func readText(_ path: String) throws(ConfigurationError) -> String {
-        // FileHandle, not Data(contentsOf:): that refuses character devices, and /dev/null is a fine empty file.
-        guard let handle = FileHandle(forReadingAtPath: path) else {
-            throw ConfigurationError("cannot read \(path) (\(Self.errnoReason(path)))")
+        // open(2) and read(2), not Data(contentsOf:): that refuses character devices, and /dev/null is a fine
+        // empty file.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            throw ConfigurationError("cannot read \(path) (\(Self.reason(errno)))")
         }
-        defer { try? handle.close() }
-        let data: Data
-        do {
-            data = try handle.readToEnd() ?? Data()
-        } catch {
-            throw ConfigurationError("cannot read \(path) (\(Self.errnoReason(path)))")
+        defer { close(descriptor) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw ConfigurationError("cannot read \(path) (\(Self.reason(errno)))")
+            }
+            if count == 0 { break }
+            bytes.append(contentsOf: chunk[0..<count])
         }
-        guard let text = String(data: data, encoding: .utf8) else {
+        guard let text = String(validating: bytes, as: UTF8.self) else {
             throw ConfigurationError("\(path) is not UTF-8 text")
         }
         return text
     }
 
-    /// Why a path cannot be opened, from `open(2)`'s errno: "no such file", "permission denied" …
-    static func errnoReason(_ path: String) -> String {
-        let descriptor = open(path, O_RDONLY)
-        if descriptor >= 0 {
-            close(descriptor)
-            return "unreadable"
-        }
-        return String(cString: strerror(errno)).lowercased()
+    /// errno as `strerror(3)` words it, in lower case: "no such file or directory", "permission denied" …
+    static func reason(_ code: Int32) -> String {
+        String(cString: strerror(code)).lowercased()
     }
 }

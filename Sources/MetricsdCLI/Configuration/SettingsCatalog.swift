@@ -1,6 +1,10 @@
 import MetricsdDaemon
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import HealthMetrics
 
 /// One setting (an environment variable): the single table from which `Configuration` takes ranges and

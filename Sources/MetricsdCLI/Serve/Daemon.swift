@@ -1,5 +1,10 @@
 import CoreMetrics
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 import HealthMetrics
 import Logging
 import MetricsdDaemon
@@ -86,7 +91,7 @@ public enum Daemon {
     /// One line on stderr, `STATUS=`/`ERRNO=` to systemd, exit code 1.
     static func fatal(_ message: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil) -> Int32 {
         logger?.critical("Fatal", metadata: ["metricsd.error": "\(message)"])
-        FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
+        StandardError.write("Error: \(message)\n")
         notifier.fatal(status: "failed: \(message)", errno: errno)
         return 1
     }

@@ -1,5 +1,9 @@
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import HealthMetrics
 import HTTPTypes
 import Logging

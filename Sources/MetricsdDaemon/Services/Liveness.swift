@@ -1,5 +1,9 @@
 import MetricsdHTTP
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Synchronization
 
 /// When the scheduler loop last went round, read by the watchdog: pings stop when it is stale.

@@ -1,5 +1,9 @@
 import Crypto
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import JWTKit
 
 /// base64url without padding (RFC 7515), decoded by hand: no intermediate strings on the request path.

@@ -1,5 +1,9 @@
 import Crypto
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import JWTKit
 
 /// The member names of a JSON object, read without decoding its values: for RFC 7515/7519's rule that a

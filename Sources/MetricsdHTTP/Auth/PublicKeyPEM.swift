@@ -1,5 +1,9 @@
 import Crypto
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import JWTKit
 
 /// A PEM public key metricsd can verify tokens with; parsing it is synchronous, so configuration checks it early.

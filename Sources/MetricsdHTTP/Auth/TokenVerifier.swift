@@ -1,5 +1,10 @@
 import Crypto
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Glibc
 import JWTKit
 
 /// Verifies user JWTs with pinned algorithms: HS256 against the shared secret, the public key's own algorithm
@@ -154,8 +159,8 @@ public struct TokenVerifier: Sendable {
                 #"{"alg":"\#(alg)","typ":"JWT"}"#, #"{"typ":"JWT","alg":"\#(alg)"}"#, #"{"alg":"\#(alg)"}"#,
             ] {
                 let base64 = Data(json.utf8).base64EncodedString()
-                let base64URL = base64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-                    .replacingOccurrences(of: "=", with: "")
+                let base64URL = base64.replacing("+", with: "-").replacing("/", with: "_")
+                    .replacing("=", with: "")
                 headers.append((Array(base64URL.utf8), alg))
             }
         }
