@@ -1650,9 +1650,19 @@ def run_fuzz(contract: Contract, results: Results, port: int, workdir: Path, run
 
 
 def read_har(path: Path) -> list[dict]:
-    if not path.exists():
+    # Schemathesis may still be flushing the report when its process has exited (seen on a loaded machine: the
+    # file parsed a moment later): a few tries before an unreadable report counts as no exchanges (a failure).
+    data = None
+    for _ in range(20):
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                break
+            except json.JSONDecodeError:
+                pass
+        time.sleep(0.5)
+    if data is None:
         return []
-    data = json.loads(path.read_text())
     exchanges = []
     for entry in data.get("log", {}).get("entries", []):
         request, response = entry["request"], entry["response"]
