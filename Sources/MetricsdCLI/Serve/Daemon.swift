@@ -186,8 +186,10 @@ public enum Daemon {
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
         let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
+        let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
         let server = buildAPIServer(
             dependencies, address: configuration.listen, requestTimeout: requestTimeout, idleTimeout: idleTimeout,
+            writeTimeout: writeTimeout,
             maxConnections: configuration.maxConnections,
             onServerRunning: { channel in
                 listening.open()
@@ -224,7 +226,7 @@ public enum Daemon {
             services.append(
                 buildAPIServer(
                     dependencies, endpoints: .metrics(registry), address: metricsListen, requestTimeout: requestTimeout,
-                    idleTimeout: idleTimeout, logger: logger))
+                    idleTimeout: idleTimeout, writeTimeout: writeTimeout, logger: logger))
         }
         services.append(server)
 
