@@ -43,6 +43,7 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: swiftSettings,
             plugins: ["EmbedResourcesPlugin"]
@@ -115,6 +116,8 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -144,6 +147,10 @@ let package = Package(
             path: "Tests/MetricsdTestSupport",
             swiftSettings: swiftSettings
         ),
+        // metricsd with faults injected through its test seams (METRICSD_FAULTS), for the fault-injection suites.
+        .executableTarget(
+            name: "metricsd-faults", dependencies: ["MetricsdCLI", "MetricsdPostgres"], path: "Tests/FaultInjectingDaemon",
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "MetricsdSystemdTests",
             dependencies: ["MetricsdSystemd", "NotifyTestSupport", .product(name: "Logging", package: "swift-log")],

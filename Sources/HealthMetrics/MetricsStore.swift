@@ -76,18 +76,3 @@ public protocol MetricsStore: Sendable {
     /// Whether the database answers and the schema is current (`/readyz`).
     func readiness() async -> Readiness
 }
-
-extension MetricsStore {
-    /// Runs `latestMetrics(userID:)` in a task (stores without a cheaper way).
-    public func latestMetrics(
-        userID: Int64, completion: @escaping @Sendable (Result<LatestMetrics?, any Error>) -> Void
-    ) {
-        Task {
-            do {
-                completion(.success(try await self.latestMetrics(userID: userID)))
-            } catch {
-                completion(.failure(error))
-            }
-        }
-    }
-}

@@ -1,4 +1,5 @@
 import HealthMetrics
+import ServiceLifecycle
 import Synchronization
 
 /// Coalesces concurrent latest-metrics reads into one statement per batch (`SQL.latestMetricsBatch`).
@@ -10,7 +11,13 @@ import Synchronization
 ///
 /// At most `maxRunners` batches run at once (the rest of the pool stays free for acknowledgements, on-demand
 /// computation and the scheduler); a request that finds every runner busy waits for the next batch.
-final class LatestMetricsBatcher: Sendable {
+///
+/// The batches run in ``run()``, a service of the daemon's group: `maxRunners` loops that sleep while nobody
+/// waits. One is woken whenever someone waits, another only when a whole batch waits for it: fewer, fuller batches
+/// cost less per read (one statement, one hop to a pool thread, one wake-up each); more runners only help once a
+/// single one cannot keep up. On graceful shutdown the runners finish what waits and stop; a read asked for after
+/// that fails at once with `poolClosed`.
+package final class LatestMetricsBatcher: Service, Sendable {
     typealias Completion = @Sendable (Result<LatestMetrics?, any Error>) -> Void
 
     /// How a waiter gets its answer: a suspended task, or a callback (the HTTP hot path, outside Swift concurrency).
@@ -30,32 +37,45 @@ final class LatestMetricsBatcher: Sendable {
 
     private struct State {
         var pending: [Waiter] = []
-        var runners = 0
+        /// Runners not asleep (working, or woken and about to work).
+        var active: Int
+        /// Sleeping runners; resumed with true to work, false to stop.
+        var sleeping: [CheckedContinuation<Bool, Never>] = []
+        var stopping = false
     }
 
     private let pool: PostgresPool
     private let maxRunners: Int
     private let maxBatch: Int
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     init(pool: PostgresPool, maxRunners: Int, maxBatch: Int = 128) {
         self.pool = pool
         self.maxRunners = max(1, maxRunners)
         self.maxBatch = max(1, maxBatch)
+        self.state = Mutex(State(active: self.maxRunners))
+    }
+
+    /// The runners, until the group shuts down gracefully (or the task is cancelled). May run again after it
+    /// returned (a test serving several times from one store): each run starts with every runner awake.
+    package func run() async {
+        self.state.withLock { state in
+            state.stopping = false
+            state.active = self.maxRunners
+        }
+        await withDiscardingTaskGroup { group in
+            for _ in 0..<self.maxRunners {
+                group.addTask { await self.runner() }
+            }
+            group.addTask {
+                try? await gracefulShutdown()
+                self.stop()
+            }
+        }
     }
 
     func load(userID: Int64) async throws -> LatestMetrics? {
-        let others: [Waiter]? = self.state.withLock { state in
-            guard self.mayStartRunner(state, waiting: state.pending.count + 1) else { return nil }
-            state.runners += 1
-            return Self.take(&state.pending, upTo: self.maxBatch - 1)
-        }
-        if let others {
-            // This request runs a batch itself: its own user and whoever was waiting.
-            defer { self.finishRun() }
-            return try await self.execute(others, plus: userID)
-        }
-        return try await withCheckedThrowingContinuation { continuation in
+        try await withCheckedThrowingContinuation { continuation in
             self.enqueue((userID, .continuation(continuation)))
         }
     }
@@ -66,67 +86,72 @@ final class LatestMetricsBatcher: Sendable {
         self.enqueue((userID, .callback(completion)))
     }
 
+    private enum Enqueued {
+        case waiting
+        case wake(CheckedContinuation<Bool, Never>)
+        case refused
+    }
+
     private func enqueue(_ waiter: Waiter) {
-        let startRunner = self.state.withLock { state in
+        let outcome: Enqueued = self.state.withLock { state in
+            if state.stopping && state.active == 0 { return .refused }
             state.pending.append(waiter)
-            // Re-checked with the append: a runner that found nothing pending may have left meanwhile.
-            guard self.mayStartRunner(state, waiting: state.pending.count) else { return false }
-            state.runners += 1
-            return true
+            guard !state.sleeping.isEmpty,
+                state.active == 0 || (state.active < self.maxRunners && state.pending.count >= self.maxBatch)
+            else { return .waiting }
+            state.active += 1
+            return .wake(state.sleeping.removeLast())
         }
-        if startRunner { Task { await self.drain() } }
+        switch outcome {
+        case .waiting: break
+        case .wake(let runner): runner.resume(returning: true)
+        case .refused: waiter.resumption.resume(.failure(PostgresError(code: .poolClosed, message: "shutting down")))
+        }
     }
 
-    /// One runner whenever someone waits; another only when a whole batch waits for it (up to `maxRunners`).
-    /// Fewer, fuller batches cost less per read (one statement, one hop to a pool thread, one wake-up each);
-    /// more runners only help once a single one cannot keep up.
-    private func mayStartRunner(_ state: State, waiting: Int) -> Bool {
-        state.runners == 0 || (state.runners < self.maxRunners && waiting >= self.maxBatch)
-    }
-
-    /// Runs batches until nobody waits.
-    private func drain() async {
+    /// Runs batches while anyone waits, sleeps while nobody does, until stopped.
+    private func runner() async {
         while true {
-            let batch: [Waiter]? = self.state.withLock { state in
-                if state.pending.isEmpty {
-                    state.runners -= 1
+            let batch = self.state.withLock { Self.take(&$0.pending, upTo: self.maxBatch) }
+            if !batch.isEmpty {
+                await self.execute(batch)
+                continue
+            }
+            let goOn = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let now: Bool? = self.state.withLock { state in
+                    if !state.pending.isEmpty { return true }  // work arrived meanwhile: stay awake
+                    state.active -= 1
+                    if state.stopping { return false }
+                    state.sleeping.append(continuation)
                     return nil
                 }
-                return Self.take(&state.pending, upTo: self.maxBatch)
+                if let now { continuation.resume(returning: now) }
             }
-            guard let batch else { return }
-            _ = try? await self.execute(batch, plus: nil)
+            guard goOn else { return }
         }
     }
 
-    /// After a request ran a batch itself: hands the runner's place to a task when others wait, else gives it up.
-    private func finishRun() {
-        let handOver = self.state.withLock { state in
-            if state.pending.isEmpty {
-                state.runners -= 1
-                return false
-            }
-            return true
+    /// Wakes every sleeping runner to stop; working runners stop once nothing waits.
+    private func stop() {
+        let sleeping = self.state.withLock { state in
+            state.stopping = true
+            defer { state.sleeping = [] }
+            return state.sleeping
         }
-        if handOver { Task { await self.drain() } }
+        for runner in sleeping { runner.resume(returning: false) }
     }
 
-    /// One statement for the waiters' users (and `own`); resumes every waiter; returns `own`'s metrics.
-    private func execute(_ waiters: [Waiter], plus own: Int64?) async throws -> LatestMetrics? {
-        var userIDs = waiters.map(\.userID)
-        if let own { userIDs.append(own) }
-        let unique = Array(Set(userIDs))
-        let found: [Int64: LatestMetrics]
+    /// One statement for the waiters' users; resumes every waiter.
+    private func execute(_ waiters: [Waiter]) async {
+        let unique = Array(Set(waiters.map(\.userID)))
         do {
-            found = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let found = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
                 try PostgresStore.readLatest(userIDs: unique, on: connection)
             }
+            for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
         } catch {
             for waiter in waiters { waiter.resumption.resume(.failure(error)) }
-            throw error
         }
-        for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
-        return own.flatMap { found[$0] }
     }
 
     private static func take(_ pending: inout [Waiter], upTo count: Int) -> [Waiter] {

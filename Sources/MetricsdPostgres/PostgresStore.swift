@@ -7,7 +7,9 @@ public final class PostgresStore: MetricsStore {
     public let formula: MetricsFormula
     private let migrator: Migrator
     private let logger: Logger
-    private let batcher: LatestMetricsBatcher
+    /// The batched latest-metrics reads: a service that must run (in the daemon's group, or beside a test) for
+    /// `latestMetrics` to answer.
+    package let readBatches: LatestMetricsBatcher
 
     /// - Parameter readRunners: how many batched latest-metrics reads run at once; default half the pool.
     public init(
@@ -18,19 +20,19 @@ public final class PostgresStore: MetricsStore {
         self.formula = formula
         self.migrator = migrator
         self.logger = logger
-        self.batcher = LatestMetricsBatcher(
+        self.readBatches = LatestMetricsBatcher(
             pool: pool, maxRunners: readRunners ?? max(1, pool.configuration.size / 2))
     }
 
     /// Concurrent reads are coalesced into one statement per batch (`LatestMetricsBatcher`).
     public func latestMetrics(userID: Int64) async throws -> LatestMetrics? {
-        try await self.batcher.load(userID: userID)
+        try await self.readBatches.load(userID: userID)
     }
 
     public func latestMetrics(
         userID: Int64, completion: @escaping @Sendable (Result<LatestMetrics?, any Error>) -> Void
     ) {
-        self.batcher.load(userID: userID, completion: completion)
+        self.readBatches.load(userID: userID, completion: completion)
     }
 
     public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {

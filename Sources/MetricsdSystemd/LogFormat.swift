@@ -1,9 +1,9 @@
 /// Where and how log records are written (`METRICSD_LOG_FORMAT`).
 public enum LogFormat: String, Sendable, CaseIterable {
-    /// One readable line per record on stderr (``TextLogHandler``).
+    /// One readable line per record on stderr (``TextLines``).
     case text
-    /// One JSON object per line on stderr (``JSONLogHandler``).
+    /// One JSON object per line on stderr (``JSONLines``).
     case json
-    /// Structured records sent to the systemd journal (``JournalLogHandler``).
+    /// Structured records sent to the systemd journal (``JournalEntries``).
     case journal
 }

@@ -27,9 +27,9 @@ public enum LogSetup {
         metadataProvider: Logger.MetadataProvider? = nil
     ) -> any LogHandler {
         switch self.resolvedFormat(format, environment: environment) {
-        case .text: TextLogHandler(label: label, level: level, metadataProvider: metadataProvider)
-        case .json: JSONLogHandler(label: label, level: level, metadataProvider: metadataProvider)
-        case .journal: JournalLogHandler(label: label, level: level, metadataProvider: metadataProvider)
+        case .text: TextLogHandler(label: label, level: level, sink: TextLines(), metadataProvider: metadataProvider)
+        case .json: JSONLogHandler(label: label, level: level, sink: JSONLines(), metadataProvider: metadataProvider)
+        case .journal: JournalLogHandler(label: label, level: level, sink: JournalEntries(), metadataProvider: metadataProvider)
         }
     }
 

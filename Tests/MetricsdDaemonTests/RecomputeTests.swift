@@ -44,50 +44,54 @@ import Testing
         try await withTestDatabase(poolSize: 4) { database in
             try await Self.seedWithVersion1(database, count: 50_000)
             let store1 = PostgresStore(pool: database.pool, formula: .v1, logger: database.logger)
-            let before = try #require(try await store1.latestMetrics(userID: 7))
-            #expect(try await store1.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) != .notCurrent)
+            try await store1.serving {
+                let before = try #require(try await store1.latestMetrics(userID: 7))
+                #expect(try await store1.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) != .notCurrent)
 
-            let jobs = RecomputeJobs(pool: database.pool)
-            let job = try Self.created(try await jobs.trigger(version: 2, requestedBy: "test"))
-            #expect(job.usersTotal == 50_000)
-            let queue = WorkQueue(pool: database.pool, formula: Self.v2, owner: "w", logger: database.logger)
-            async let first: Void = Self.drain(queue)
-            async let second: Void = Self.drain(queue)
-            _ = try await (first, second)
+                let jobs = RecomputeJobs(pool: database.pool)
+                let job = try Self.created(try await jobs.trigger(version: 2, requestedBy: "test"))
+                #expect(job.usersTotal == 50_000)
+                let queue = WorkQueue(pool: database.pool, formula: Self.v2, owner: "w", logger: database.logger)
+                async let first: Void = Self.drain(queue)
+                async let second: Void = Self.drain(queue)
+                _ = try await (first, second)
 
-            let finished = try #require(try await jobs.job(id: job.id))
-            #expect(finished.state == .done)
-            #expect(finished.usersExamined == 50_000)
-            #expect(finished.usersWritten == 49_000)
-            #expect(finished.usersAlreadyCurrent == 0)
-            #expect(finished.usersSkipped == 1_000)
-            #expect(finished.percent == 100)
-            #expect(try await database.value(
-                "SELECT count(*) FROM profile_metrics WHERE version = 2 AND metrics_date = (SELECT (now() AT TIME ZONE u.timezone)::date FROM users u WHERE u.id = user_id)") == "49000")
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2 AND user_id % 50 = 0") == "0")
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
-            #expect(try await database.value("SELECT count(*) FROM metrics_skips WHERE source = 'recompute'") == "1000")
+                let finished = try #require(try await jobs.job(id: job.id))
+                #expect(finished.state == .done)
+                #expect(finished.usersExamined == 50_000)
+                #expect(finished.usersWritten == 49_000)
+                #expect(finished.usersAlreadyCurrent == 0)
+                #expect(finished.usersSkipped == 1_000)
+                #expect(finished.percent == 100)
+                #expect(try await database.value(
+                    "SELECT count(*) FROM profile_metrics WHERE version = 2 AND metrics_date = (SELECT (now() AT TIME ZONE u.timezone)::date FROM users u WHERE u.id = user_id)") == "49000")
+                #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2 AND user_id % 50 = 0") == "0")
+                #expect(try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+                #expect(try await database.value("SELECT count(*) FROM metrics_skips WHERE source = 'recompute'") == "1000")
 
-            let store2 = PostgresStore(pool: database.pool, formula: Self.v2, logger: database.logger)
-            let after = try #require(try await store2.latestMetrics(userID: 7))
-            #expect(after.metrics.version == 2)
-            #expect(after.acknowledgedAt == nil, "the version 1 acknowledgement no longer counts")
-            #expect(try await store2.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) == .notCurrent)
+                let store2 = PostgresStore(pool: database.pool, formula: Self.v2, logger: database.logger)
+                try await store2.serving {
+                    let after = try #require(try await store2.latestMetrics(userID: 7))
+                    #expect(after.metrics.version == 2)
+                    #expect(after.acknowledgedAt == nil, "the version 1 acknowledgement no longer counts")
+                    #expect(try await store2.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) == .notCurrent)
 
-            // Triggering again: every user is current (a row, or a skip verdict newer than the settings), so no job;
-            // the answer is the finished one.
-            #expect(try await jobs.trigger(version: 2, requestedBy: "test") == .nothingToDo(latest: finished))
-            #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "1")
-            // A settings change that makes a skipped user valid gives the next trigger work again.
-            try await database.execute("UPDATE user_settings SET height = 170 WHERE user_id = 50")
-            let next = try Self.created(try await jobs.trigger(version: 2, requestedBy: "test"))
-            try await Self.drain(queue)
-            let nextDone = try #require(try await jobs.job(id: next.id))
-            #expect(nextDone.usersWritten == 1)
-            #expect(nextDone.usersAlreadyCurrent == 49_000)
-            #expect(nextDone.usersSkipped == 999)
-            #expect(nextDone.usersExamined == 50_000)
+                    // Triggering again: every user is current (a row, or a skip verdict newer than the settings), so no job;
+                    // the answer is the finished one.
+                    #expect(try await jobs.trigger(version: 2, requestedBy: "test") == .nothingToDo(latest: finished))
+                    #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "1")
+                    // A settings change that makes a skipped user valid gives the next trigger work again.
+                    try await database.execute("UPDATE user_settings SET height = 170 WHERE user_id = 50")
+                    let next = try Self.created(try await jobs.trigger(version: 2, requestedBy: "test"))
+                    try await Self.drain(queue)
+                    let nextDone = try #require(try await jobs.job(id: next.id))
+                    #expect(nextDone.usersWritten == 1)
+                    #expect(nextDone.usersAlreadyCurrent == 49_000)
+                    #expect(nextDone.usersSkipped == 999)
+                    #expect(nextDone.usersExamined == 50_000)
+                }
+            }
         }
     }
 

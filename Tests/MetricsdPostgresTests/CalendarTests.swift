@@ -144,61 +144,63 @@ import Testing
             ])
             let queue = Self.queue(database)
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
-            let moveAway = try Self.at("2027-06-10T12:00:00Z")
-            let moveBack = try Self.at("2027-06-12T12:00:00Z")
-            var minute = try Self.at("2027-06-09T09:00:00Z").millisecondsSinceEpoch
-            let end = try Self.at("2027-06-14T00:00:00Z").millisecondsSinceEpoch
-            var problems: [String] = []
-            while minute <= end {
-                let now = Timestamp(millisecondsSinceEpoch: minute)
-                if now == moveAway {
-                    try await Self.move(database, queue, to: "Pacific/Pago_Pago", at: now)
-                } else if now == moveBack {
-                    try await Self.move(database, queue, to: "Pacific/Kiritimati", at: now)
+            try await store.serving {
+                let moveAway = try Self.at("2027-06-10T12:00:00Z")
+                let moveBack = try Self.at("2027-06-12T12:00:00Z")
+                var minute = try Self.at("2027-06-09T09:00:00Z").millisecondsSinceEpoch
+                let end = try Self.at("2027-06-14T00:00:00Z").millisecondsSinceEpoch
+                var problems: [String] = []
+                while minute <= end {
+                    let now = Timestamp(millisecondsSinceEpoch: minute)
+                    if now == moveAway {
+                        try await Self.move(database, queue, to: "Pacific/Pago_Pago", at: now)
+                    } else if now == moveBack {
+                        try await Self.move(database, queue, to: "Pacific/Kiritimati", at: now)
+                    }
+                    if !(try await queue.enqueueDueUnits(dailyAt: .default, now: now)).isEmpty {
+                        try await ScheduleTests.runAll(queue, now: now)
+                    }
+                    // Current local date and metrics day (the latest date whose 00:05 has passed; neither zone has a
+                    // DST change) in the user's zone now, the newest row's date, and the latest date of any row.
+                    let row = try await database.rows(
+                        """
+                        SELECT ($1::timestamptz AT TIME ZONE u.timezone)::date::text,
+                               (($1::timestamptz AT TIME ZONE u.timezone) - interval '5 minutes')::date::text,
+                               (SELECT metrics_date::text FROM profile_metrics WHERE user_id = 1
+                                ORDER BY computed_at DESC LIMIT 1),
+                               (SELECT max(metrics_date)::text FROM profile_metrics WHERE user_id = 1)
+                        FROM users u WHERE u.id = 1
+                        """, [now.iso8601]).first
+                    if let row, (row[3] ?? "") > (row[0] ?? "") || row[2] != row[1] {
+                        problems.append("\(now): local date \(row[0] ?? "?"), metrics day \(row[1] ?? "?"), newest row \(row[2] ?? "none"), latest date \(row[3] ?? "none")")
+                    }
+                    minute += 60_000
                 }
-                if !(try await queue.enqueueDueUnits(dailyAt: .default, now: now)).isEmpty {
-                    try await ScheduleTests.runAll(queue, now: now)
-                }
-                // Current local date and metrics day (the latest date whose 00:05 has passed; neither zone has a
-                // DST change) in the user's zone now, the newest row's date, and the latest date of any row.
-                let row = try await database.rows(
-                    """
-                    SELECT ($1::timestamptz AT TIME ZONE u.timezone)::date::text,
-                           (($1::timestamptz AT TIME ZONE u.timezone) - interval '5 minutes')::date::text,
-                           (SELECT metrics_date::text FROM profile_metrics WHERE user_id = 1
-                            ORDER BY computed_at DESC LIMIT 1),
-                           (SELECT max(metrics_date)::text FROM profile_metrics WHERE user_id = 1)
-                    FROM users u WHERE u.id = 1
-                    """, [now.iso8601]).first
-                if let row, (row[3] ?? "") > (row[0] ?? "") || row[2] != row[1] {
-                    problems.append("\(now): local date \(row[0] ?? "?"), metrics day \(row[1] ?? "?"), newest row \(row[2] ?? "none"), latest date \(row[3] ?? "none")")
-                }
-                minute += 60_000
-            }
-            #expect(problems.isEmpty, "\(problems.prefix(5))")
+                #expect(problems.isEmpty, "\(problems.prefix(5))")
 
-            #expect(try await database.rows(
-                """
-                SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD"T"HH24:MI:SS.MS"Z"')
-                FROM profile_metrics WHERE user_id = 1 ORDER BY 1
-                """) == [
-                    ["2027-06-09", "06-09T09:00:00.000Z"],  // the first tick's catch-up (Kiritimati)
-                    ["2027-06-10", "06-10T12:00:00.001Z"],  // Kiritimati's at 06-09 10:05Z, refreshed at the move
-                    ["2027-06-11", "06-11T11:05:00.000Z"],  // Pago_Pago's 00:05
-                    ["2027-06-12", "06-12T11:05:00.000Z"],  // Pago_Pago's 00:05
-                    ["2027-06-13", "06-12T12:00:00.001Z"],  // at the move back
-                    ["2027-06-14", "06-13T10:05:00.000Z"],  // Kiritimati's 00:05
-                ])
-            // The users who stayed got every date once, at their zone's 00:05.
-            #expect(try await database.value(
-                "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 2")
-                == "2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13,2027-06-14")
-            #expect(try await database.value(
-                "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 3")
-                == "2027-06-08,2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13")
-            // The read path serves the newest row: the 06-14 one.
-            let latest = try #require(try await store.latestMetrics(userID: 1))
-            #expect(latest.computedAt == (try Self.at("2027-06-13T10:05:00Z")))
+                #expect(try await database.rows(
+                    """
+                    SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD"T"HH24:MI:SS.MS"Z"')
+                    FROM profile_metrics WHERE user_id = 1 ORDER BY 1
+                    """) == [
+                        ["2027-06-09", "06-09T09:00:00.000Z"],  // the first tick's catch-up (Kiritimati)
+                        ["2027-06-10", "06-10T12:00:00.001Z"],  // Kiritimati's at 06-09 10:05Z, refreshed at the move
+                        ["2027-06-11", "06-11T11:05:00.000Z"],  // Pago_Pago's 00:05
+                        ["2027-06-12", "06-12T11:05:00.000Z"],  // Pago_Pago's 00:05
+                        ["2027-06-13", "06-12T12:00:00.001Z"],  // at the move back
+                        ["2027-06-14", "06-13T10:05:00.000Z"],  // Kiritimati's 00:05
+                    ])
+                // The users who stayed got every date once, at their zone's 00:05.
+                #expect(try await database.value(
+                    "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 2")
+                    == "2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13,2027-06-14")
+                #expect(try await database.value(
+                    "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 3")
+                    == "2027-06-08,2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13")
+                // The read path serves the newest row: the 06-14 one.
+                let latest = try #require(try await store.latestMetrics(userID: 1))
+                #expect(latest.computedAt == (try Self.at("2027-06-13T10:05:00Z")))
+            }
         }
     }
 

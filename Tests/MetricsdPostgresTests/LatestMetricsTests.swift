@@ -20,11 +20,13 @@ import Testing
                   (2, 30.0, 2000, 2400, 1, '2026-01-05', '2026-01-05T10:00:00Z')
                 """)
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
-            let latest = try #require(try await store.latestMetrics(userID: 1))
-            #expect(latest.metrics == ComputedMetrics(bmiTenths: 210, bmr: 1510, tdee: 1810, version: 2))
-            #expect(latest.computedAt.iso8601 == "2026-01-02T00:05:00.123Z")
-            #expect(latest.acknowledgedAt == nil)
-            #expect(try await store.latestMetrics(userID: 3) == nil)
+            try await store.serving {
+                let latest = try #require(try await store.latestMetrics(userID: 1))
+                #expect(latest.metrics == ComputedMetrics(bmiTenths: 210, bmr: 1510, tdee: 1810, version: 2))
+                #expect(latest.computedAt.iso8601 == "2026-01-02T00:05:00.123Z")
+                #expect(latest.acknowledgedAt == nil)
+                #expect(try await store.latestMetrics(userID: 3) == nil)
+            }
         }
     }
 
@@ -79,24 +81,26 @@ import Testing
                 FROM generate_series(1, 300) u WHERE u % 5 = 0 AND u % 7 <> 0;
                 """)
             let store = PostgresStore(pool: database.pool, formula: .current, readRunners: 2, logger: database.logger)
-            let requests = (0..<3000).map { Int64($0 % 300 + 1) }.shuffled()
-            let answers = try await withThrowingTaskGroup(of: (Int64, LatestMetrics?).self) { group in
-                for userID in requests {
-                    group.addTask { (userID, try await store.latestMetrics(userID: userID)) }
+            try await store.serving {
+                let requests = (0..<3000).map { Int64($0 % 300 + 1) }.shuffled()
+                let answers = try await withThrowingTaskGroup(of: (Int64, LatestMetrics?).self) { group in
+                    for userID in requests {
+                        group.addTask { (userID, try await store.latestMetrics(userID: userID)) }
+                    }
+                    return try await group.reduce(into: [(Int64, LatestMetrics?)]()) { $0.append($1) }
                 }
-                return try await group.reduce(into: [(Int64, LatestMetrics?)]()) { $0.append($1) }
-            }
-            #expect(answers.count == requests.count)
-            for (userID, latest) in answers {
-                if userID % 7 == 0 {
-                    #expect(latest == nil, "user \(userID) has no metrics")
-                    continue
+                #expect(answers.count == requests.count)
+                for (userID, latest) in answers {
+                    if userID % 7 == 0 {
+                        #expect(latest == nil, "user \(userID) has no metrics")
+                        continue
+                    }
+                    let expected = ComputedMetrics(
+                        bmiTenths: 200 + userID, bmr: 1000 + userID, tdee: 2000 + userID, version: 1)
+                    #expect(latest?.metrics == expected, "user \(userID)")
+                    #expect(latest?.computedAt == Timestamp(millisecondsSinceEpoch: 1_767_225_900_000 + userID))
+                    #expect((latest?.acknowledgedAt != nil) == (userID % 5 == 0), "user \(userID)")
                 }
-                let expected = ComputedMetrics(
-                    bmiTenths: 200 + userID, bmr: 1000 + userID, tdee: 2000 + userID, version: 1)
-                #expect(latest?.metrics == expected, "user \(userID)")
-                #expect(latest?.computedAt == Timestamp(millisecondsSinceEpoch: 1_767_225_900_000 + userID))
-                #expect((latest?.acknowledgedAt != nil) == (userID % 5 == 0), "user \(userID)")
             }
         }
     }
@@ -105,15 +109,17 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(7, timezone: "Asia/Kathmandu")])
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
-            #expect(try await store.latestMetrics(userID: 7) == nil)
-            guard case .computed(let latest) = try await store.computeNow(userID: 7) else {
-                Issue.record("expected metrics")
-                return
+            try await store.serving {
+                #expect(try await store.latestMetrics(userID: 7) == nil)
+                guard case .computed(let latest) = try await store.computeNow(userID: 7) else {
+                    Issue.record("expected metrics")
+                    return
+                }
+                #expect(try await store.latestMetrics(userID: 7) == latest)
+                let date = try await database.value("SELECT metrics_date::text FROM profile_metrics WHERE user_id = 7")
+                let localToday = try await database.value("SELECT (now() AT TIME ZONE 'Asia/Kathmandu')::date::text")
+                #expect(date == localToday)
             }
-            #expect(try await store.latestMetrics(userID: 7) == latest)
-            let date = try await database.value("SELECT metrics_date::text FROM profile_metrics WHERE user_id = 7")
-            let localToday = try await database.value("SELECT (now() AT TIME ZONE 'Asia/Kathmandu')::date::text")
-            #expect(date == localToday)
         }
     }
 
@@ -124,13 +130,15 @@ import Testing
             user.gender = "robot"
             try await database.seed([user])
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
-            let outcome = try await store.computeNow(userID: 9)
-            #expect(outcome == .skipped([
-                SkipReason(.unknownGender, "gender 'robot' is not one of male, female, other"),
-                SkipReason(.outOfRange, "height 72 cm is outside 100–250 cm"),
-            ]))
-            #expect(try await database.value("SELECT source FROM metrics_skips WHERE user_id = 9") == "request")
-            #expect(try await store.computeNow(userID: 10) == .unknownUser)
+            try await store.serving {
+                let outcome = try await store.computeNow(userID: 9)
+                #expect(outcome == .skipped([
+                    SkipReason(.unknownGender, "gender 'robot' is not one of male, female, other"),
+                    SkipReason(.outOfRange, "height 72 cm is outside 100–250 cm"),
+                ]))
+                #expect(try await database.value("SELECT source FROM metrics_skips WHERE user_id = 9") == "request")
+                #expect(try await store.computeNow(userID: 10) == .unknownUser)
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ import Testing
 
     @Test func textLine() {
         #expect(
-            TextLogHandler.format(Self.record)
+            TextLines.format(Self.record)
                 == "2025-10-29T14:30:45.123Z warning metricsd: Daily unit done metricsd.users.computed=412 metricsd.zone=Asia/Kathmandu"
         )
     }
@@ -34,14 +34,14 @@ import Testing
             ]
         )
         #expect(
-            TextLogHandler.format(record)
+            TextLines.format(record)
                 == #"1970-01-01T00:00:00.000Z info metricsd: two\nlines a="two words" b="say \"hi\"" c="" d="k=v" e="tab\there" f=back\slash g=ünïcode h="[\"x\", \"y\"]""#
         )
     }
 
     @Test func jsonLine() {
         #expect(
-            JSONLogHandler.format(Self.record)
+            JSONLines.format(Self.record)
                 == #"{"time":"2025-10-29T14:30:45.123Z","level":"warning","label":"metricsd","message":"Daily unit done","metricsd.users.computed":"412","metricsd.zone":"Asia/Kathmandu"}"#
         )
     }
@@ -55,7 +55,7 @@ import Testing
             message: nasty,
             metadata: [nasty: .string(nasty), "message": "shadow", "nested": ["k": ["v"]]]
         )
-        let line = JSONLogHandler.format(record)
+        let line = JSONLines.format(record)
         #expect(!line.contains("\n"))
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String])
         #expect(object["time"] == "2025-10-29T14:30:45.123Z")
@@ -75,7 +75,7 @@ import Testing
             var label: String
             var message: String
         }
-        let line = try JSONDecoder().decode(Line.self, from: Data(JSONLogHandler.format(Self.record).utf8))
+        let line = try JSONDecoder().decode(Line.self, from: Data(JSONLines.format(Self.record).utf8))
         #expect(line == Line(time: "2025-10-29T14:30:45.123Z", level: "warning", label: "metricsd", message: "Daily unit done"))
     }
 

@@ -70,8 +70,8 @@ import Testing
             ]
         )
         let outputs = [
-            TextLogHandler.format(record),
-            JSONLogHandler.format(record),
+            TextLines.format(record),
+            JSONLines.format(record),
             JournalFields.make(record).map { "\($0.name)=\($0.value)" }.joined(separator: "\n"),
         ]
         for output in outputs {

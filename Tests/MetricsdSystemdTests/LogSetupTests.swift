@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Logging
+import Synchronization
 import Testing
 
 @testable import MetricsdSystemd
@@ -63,13 +64,16 @@ import Testing
             var description: String { "boom" }
         }
         let provider = Logger.MetadataProvider { ["from": "provider", "provider.only": "p"] }
-        var core = LogHandlerCore(label: "metricsd", levelBox: LogLevelBox(.info), metadataProvider: provider)
-        core.metadata = ["from": "handler", "handler.only": "h"]
-        let event = LogEvent(
-            level: .info, message: "m", error: Failure(), metadata: ["call.only": "c", "metricsd.token": "t0ps3cret"],
-            source: "Tests", file: "f.swift", function: "g()", line: 7
-        )
-        let record = core.record(for: event)
+        let sink = RecordingSink()
+        var handler = MetricsdLogHandler(label: "metricsd", level: LogLevelBox(.info), sink: sink, metadataProvider: provider)
+        handler.metadata = ["from": "handler", "handler.only": "h"]
+        handler.log(
+            event: LogEvent(
+                level: .info, message: "m", error: Failure(), metadata: ["call.only": "c", "metricsd.token": "t0ps3cret"],
+                source: "Tests", file: "f.swift", function: "g()", line: 7))
+        let records = sink.records.withLock { $0 }
+        #expect(records.count == 1)
+        guard let record = records.first else { return }
         #expect(record.metadata.map(\.key) == ["call.only", "error.message", "error.type", "from", "handler.only", "metricsd.token", "provider.only"])
         #expect(record.metadata.first { $0.key == "from" }?.value == "provider")
         #expect(record.metadata.first { $0.key == "error.message" }?.value == "boom")
@@ -79,7 +83,7 @@ import Testing
 
     @Test func handlerMetadataIsAValue() {
         let box = LogLevelBox(.info)
-        var first = Logger(label: "a") { TextLogHandler(label: $0, level: box) }
+        var first = Logger(label: "a") { TextLogHandler(label: $0, level: box, sink: TextLines()) }
         first[metadataKey: "only-on"] = "first"
         var second = first
         second[metadataKey: "only-on"] = "second"
@@ -93,7 +97,7 @@ extension ProcessStateTests {
     @Suite struct StandardErrorOutputTests {
         @Test func textHandlerWritesOneRedactedLine() {
             let marker = uniqueName("marker")
-            let logger = Logger(label: "metricsd") { TextLogHandler(label: $0, level: LogLevelBox(.info)) }
+            let logger = Logger(label: "metricsd") { TextLogHandler(label: $0, level: LogLevelBox(.info), sink: TextLines()) }
             let output = captureStandardError {
                 logger.debug("below the level \(marker)")
                 logger.info("Rejected \(LogRedactionTests.jwt) \(marker)", metadata: ["metricsd.admin.token": "t0ps3cret"])
@@ -107,7 +111,7 @@ extension ProcessStateTests {
         @Test func jsonHandlerWritesOneValidObjectPerLine() throws {
             let marker = uniqueName("marker")
             let box = LogLevelBox(.info)
-            let logger = Logger(label: "metricsd") { JSONLogHandler(label: $0, level: box) }
+            let logger = Logger(label: "metricsd") { JSONLogHandler(label: $0, level: box, sink: JSONLines()) }
             let output = captureStandardError {
                 logger.info("first \(marker)", metadata: ["metricsd.zone": "UTC"])
                 logger.warning("second\nline \(marker)")
@@ -122,13 +126,19 @@ extension ProcessStateTests {
 
         @Test func journalHandlerFallsBackToStderrOnlyWithoutAJournal() {
             let marker = uniqueName("marker")
-            let logger = Logger(label: "metricsd") { JournalLogHandler(label: $0, level: LogLevelBox(.info)) }
+            let logger = Logger(label: "metricsd") { JournalLogHandler(label: $0, level: LogLevelBox(.info), sink: JournalEntries()) }
             let output = captureStandardError {
                 logger.notice("journal test \(marker)", metadata: ["metricsd.user.id": "42"])
             }
             let fellBack = output.contains("notice metricsd: journal test \(marker) metricsd.user.id=42")
-            let journalRunning = access(JournalLogHandler.journalSocket, F_OK) == 0
+            let journalRunning = access(JournalEntries.journalSocket, F_OK) == 0
             #expect(fellBack == !journalRunning)
         }
     }
+}
+
+/// Keeps what a handler writes.
+final class RecordingSink: LogSink {
+    let records = Mutex<[LogRecord]>([])
+    func write(_ record: LogRecord) { self.records.withLock { $0.append(record) } }
 }

@@ -54,6 +54,12 @@ package enum APIServer {
                 try await server.run()
                 return nil
             }
+            if let store = store as? PostgresStore {  // its batched reads are a service, as in the daemon
+                group.addTask {
+                    await store.readBatches.run()
+                    return nil
+                }
+            }
             var ports = bound.stream.makeAsyncIterator()
             let port = try #require(await ports.next(), "the test server did not start")
             let result: Result<T, any Error>
@@ -63,6 +69,7 @@ package enum APIServer {
                 result = .failure(error)
             }
             try await server.shutdownGracefully()
+            group.cancelAll()
             for try await _ in group {}
             return try result.get()
         }

@@ -96,10 +96,21 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
         return environment
     }
 
-    /// Starts `metricsd <arguments>` with exactly `environment` (nothing inherited).
+    /// The fault-injecting build beside the daemon (`metricsd-faults`, never shipped), which takes its faults from
+    /// `METRICSD_FAULTS` (e.g. `batch-delay-ms=60`, `stall-scheduler-after=3`) and sets them as the daemon's test
+    /// seams.
+    package static func faultInjectingBinary() throws -> String {
+        let path = URL(fileURLWithPath: try Self.binary()).deletingLastPathComponent().appendingPathComponent("metricsd-faults").path
+        try #require(FileManager.default.isExecutableFile(atPath: path), "build the tests first: swift build --build-tests (scripts/test does)")
+        return path
+    }
+
+    /// Starts `metricsd <arguments>` with exactly `environment` (nothing inherited); with `METRICSD_FAULTS` in
+    /// it, the fault-injecting build.
     package init(arguments: [String] = ["serve"], environment: [String: String], port: Int = 0) throws {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: try Self.binary())
+        let binary = environment["METRICSD_FAULTS"] == nil ? try Self.binary() : try Self.faultInjectingBinary()
+        process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
         process.environment = environment
         let pipe = Pipe()

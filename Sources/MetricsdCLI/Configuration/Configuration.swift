@@ -72,8 +72,6 @@ public struct Configuration: Sendable {
     public var statementDeadlineSeconds: Double
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
-    /// `METRICSD_FAULTS` (testing only): injected faults, e.g. `stall-scheduler-after=3`.
-    public var faults: FaultInjection
 
     /// Reads the configuration.
     /// - Parameter environment: the process environment (tests pass their own).
@@ -139,7 +137,6 @@ public struct Configuration: Sendable {
             Int($0).flatMap { $0 >= MetricsFormula.current.version ? $0 : nil }
         }
         self.formula = testVersion.map { MetricsFormula.rehearsal(version: $0) } ?? .current
-        self.faults = try FaultInjection(parsing: reader["METRICSD_FAULTS"] ?? "")
     }
 
     /// The libpq connection settings (validates `DATABASE_URL` with libpq's own parser).
@@ -160,33 +157,6 @@ public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
     public let message: String
     public init(_ message: String) { self.message = message }
     public var description: String { self.message }
-}
-
-/// Test-only fault switches (`METRICSD_FAULTS`, comma-separated). Never set in production.
-public struct FaultInjection: Sendable, Equatable {
-    /// `stall-scheduler-after=N`: after N ticks the scheduler loop stops ticking (hangs), so the watchdog must
-    /// stop pinging.
-    public var stallSchedulerAfterTicks: Int?
-    /// `batch-delay-ms=N`: every batch waits N ms before its commit, so tests can interrupt a unit mid-way.
-    public var batchDelayMilliseconds: Int?
-
-    public init() {}
-
-    public init(parsing text: String) throws(ConfigurationError) {
-        for item in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !item.isEmpty {
-            let parts = item.split(separator: "=", maxSplits: 1).map(String.init)
-            guard parts.count == 2, let value = Int(parts[1]), value >= 0 else {
-                throw ConfigurationError("METRICSD_FAULTS: '\(item)' is not name=number")
-            }
-            switch parts[0] {
-            case "stall-scheduler-after": self.stallSchedulerAfterTicks = value
-            case "batch-delay-ms": self.batchDelayMilliseconds = value
-            default: throw ConfigurationError("METRICSD_FAULTS: unknown fault '\(parts[0])'")
-            }
-        }
-    }
-
-    public var isEmpty: Bool { self == FaultInjection() }
 }
 
 /// Typed reads of environment variables with messages that name the variable.

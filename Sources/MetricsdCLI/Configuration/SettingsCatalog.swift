@@ -235,7 +235,6 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_TEST_FORMULA_VERSION", .testing, .text, unset: "this build's formula version",
             "Label the formulas with this (higher) version, to rehearse a formula upgrade."),
-        Setting("METRICSD_FAULTS", .testing, .text, unset: "none", "Injected faults, e.g. stall-scheduler-after=3,batch-delay-ms=50."),
     ]
 
     /// Variables set by systemd that metricsd reads (documented, never set by hand).

@@ -87,31 +87,3 @@ public final class WorkSignal: Sendable {
         continuation?.resume()
     }
 }
-
-/// Opens once: lets `READY=1` wait until the scheduler runs.
-public final class StartupGate: Sendable {
-    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-
-    public init() {}
-
-    public func open() {
-        let waiters = self.state.withLock { state in
-            state.open = true
-            let waiters = state.waiters
-            state.waiters = []
-            return waiters
-        }
-        waiters.forEach { $0.resume() }
-    }
-
-    public func wait() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = self.state.withLock { state in
-                if state.open { return true }
-                state.waiters.append(continuation)
-                return false
-            }
-            if ready { continuation.resume() }
-        }
-    }
-}

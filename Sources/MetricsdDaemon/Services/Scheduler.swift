@@ -19,7 +19,9 @@ public struct Scheduler: Service {
         public var tick: Duration = .seconds(60)
         public var idlePoll: Duration = .seconds(2)
         public var workers: Int = 2
-        public var stallAfterTicks: Int?
+        /// Runs before each turn of the tick loop with the number of ticks so far: a seam for tests, which
+        /// inject a hang there (the loop stops beating, as a deadlock would). Nil in the shipped daemon.
+        public var beforeTick: (@Sendable (Int) async -> Void)?
         public init() {}
     }
 
@@ -28,14 +30,14 @@ public struct Scheduler: Service {
     let configuration: Configuration
     let liveness: Liveness
     let signal: WorkSignal
-    let started: StartupGate
+    let started: Gate
     let status: StatusBoard
     let reporter: OperatorMetrics
     let logger: Logger
 
     package init(
         queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
-        signal: WorkSignal, started: StartupGate, status: StatusBoard, reporter: OperatorMetrics, logger: Logger
+        signal: WorkSignal, started: Gate, status: StatusBoard, reporter: OperatorMetrics, logger: Logger
     ) {
         self.queue = queue
         self.dailyAt = dailyAt
@@ -68,12 +70,7 @@ public struct Scheduler: Service {
         var lastTimezoneRefresh: ContinuousClock.Instant?
         await withDiscardingTaskGroup { group in
             while !Task.isShuttingDownGracefully && !Task.isCancelled {
-                if let stallAfter = self.configuration.stallAfterTicks, ticks >= stallAfter {
-                    // Test fault: the loop hangs (no beats), as a deadlock would. Only cancellation ends it.
-                    self.logger.warning("Fault injection: scheduler loop stalled")
-                    while !Task.isCancelled { try? await Task.sleep(for: .milliseconds(200)) }
-                    break
-                }
+                await self.configuration.beforeTick?(ticks)
                 self.liveness.beat()
                 let now = ContinuousClock.now
                 if now >= nextTick {

@@ -92,7 +92,8 @@ package struct SettingsListener: Service {
     /// late) and whose metrics are older than the change. Returns the new watermark.
     private func sweep(since: String) async throws -> String {
         var watermark = since
-        while true {
+        // A sweep can be long (thousands of users after an outage): it stops between batches when the daemon stops.
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
             let (ids, next) = try await self.queue.staleSettings(since: watermark, overlapMinutes: 5)
             if !ids.isEmpty {
                 let written = try await self.queue.refreshUsers(ids)
@@ -104,5 +105,6 @@ package struct SettingsListener: Service {
             watermark = next
             if ids.count < 5000 { return watermark }
         }
+        return watermark
     }
 }

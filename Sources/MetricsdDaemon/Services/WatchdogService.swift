@@ -48,24 +48,40 @@ package struct WatchdogService: Service {
         }
     }
 
-    /// Whether an event loop runs a submitted task within `timeout`. The timeout runs off the loop: a hung loop
-    /// could not fire its own timer.
+    /// Whether an event loop runs a submitted task within `timeout`. The timeout runs off the loop (a hung loop
+    /// could not fire its own timer), in a child task; the wait for the loop's answer gives up when the timeout
+    /// wins, so the group never waits for a loop that hangs.
     private func eventLoopAnswers(within timeout: Duration) async -> Bool {
         let answered = self.eventLoopGroup.next().submit { true }
-        let once = Mutex(false)
-        return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let finish: @Sendable (Bool) -> Void = { value in
-                let first = once.withLock { done in
-                    defer { done = true }
-                    return !done
-                }
-                if first { continuation.resume(returning: value) }
-            }
-            answered.whenComplete { finish((try? $0.get()) ?? false) }
-            Task {
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await Self.value(of: answered) }
+            group.addTask {
                 try? await Task.sleep(for: timeout)
-                finish(false)
+                return false
             }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+    }
+
+    /// The future's value, or false once the waiting task is cancelled (whether or not the future completes).
+    private static func value(of future: EventLoopFuture<Bool>) async -> Bool {
+        let once = Mutex<CheckedContinuation<Bool, Never>?>(nil)
+        let resume: @Sendable (Bool) -> Void = { value in
+            once.withLock { continuation in
+                continuation?.resume(returning: value)
+                continuation = nil
+            }
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                once.withLock { $0 = continuation }
+                if Task.isCancelled { resume(false) }
+                future.whenComplete { resume((try? $0.get()) ?? false) }
+            }
+        } onCancel: {
+            resume(false)
         }
     }
 }

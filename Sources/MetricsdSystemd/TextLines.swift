@@ -6,41 +6,12 @@ import Logging
 /// UTC time with milliseconds, level, label, message, then the metadata sorted by key as `key=value`. Values are
 /// quoted when they are empty or contain blanks, quotes, `=` or control characters. Secrets are redacted
 /// (``LogRedaction``) and each line is written with a single `write(2)`.
-public struct TextLogHandler: LogHandler {
-    private var core: LogHandlerCore
+public struct TextLines: LogSink {
+    public init() {}
 
-    /// A handler for the logger `label` whose level is read from `level`.
-    public init(label: String, level: LogLevelBox, metadataProvider: Logger.MetadataProvider? = nil) {
-        self.core = LogHandlerCore(label: label, levelBox: level, metadataProvider: metadataProvider)
-    }
-
-    /// The shared level (see ``LogLevelBox``): setting it changes every handler sharing the box.
-    public var logLevel: Logger.Level {
-        get { self.core.levelBox.level }
-        set { self.core.levelBox.level = newValue }
-    }
-
-    /// This handler's own metadata.
-    public var metadata: Logger.Metadata {
-        get { self.core.metadata }
-        set { self.core.metadata = newValue }
-    }
-
-    /// The metadata provider consulted for every record.
-    public var metadataProvider: Logger.MetadataProvider? {
-        get { self.core.metadataProvider }
-        set { self.core.metadataProvider = newValue }
-    }
-
-    /// One item of this handler's own metadata.
-    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { self.core.metadata[key] }
-        set { self.core.metadata[key] = newValue }
-    }
-
-    /// Writes the event as one line on stderr.
-    public func log(event: LogEvent) {
-        StandardError.write(Self.format(self.core.record(for: event)) + "\n")
+    /// Writes the record as one line on stderr.
+    public func write(_ record: LogRecord) {
+        StandardError.write(Self.format(record) + "\n")
     }
 
     /// The line for `record`, without the trailing newline.

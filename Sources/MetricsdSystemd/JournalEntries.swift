@@ -8,48 +8,20 @@ internal import CSystemd
 /// Values may contain newlines or any bytes (sendv uses the journal's binary-safe encoding). When there is no
 /// journal (no `/run/systemd/journal/socket` when the handler was made, where libsystemd would drop records
 /// silently) or a send fails, the record is written to stderr as a text line instead of being lost.
-public struct JournalLogHandler: LogHandler {
+public struct JournalEntries: LogSink {
     /// The socket `sd_journal_sendv` writes to.
     static let journalSocket = "/run/systemd/journal/socket"
 
-    private var core: LogHandlerCore
     private let journalAvailable: Bool
 
-    /// A handler for the logger `label` whose level is read from `level`.
-    public init(label: String, level: LogLevelBox, metadataProvider: Logger.MetadataProvider? = nil) {
-        self.core = LogHandlerCore(label: label, levelBox: level, metadataProvider: metadataProvider)
+    public init() {
         self.journalAvailable = access(Self.journalSocket, F_OK) == 0
     }
 
-    /// The shared level (see ``LogLevelBox``): setting it changes every handler sharing the box.
-    public var logLevel: Logger.Level {
-        get { self.core.levelBox.level }
-        set { self.core.levelBox.level = newValue }
-    }
-
-    /// This handler's own metadata.
-    public var metadata: Logger.Metadata {
-        get { self.core.metadata }
-        set { self.core.metadata = newValue }
-    }
-
-    /// The metadata provider consulted for every record.
-    public var metadataProvider: Logger.MetadataProvider? {
-        get { self.core.metadataProvider }
-        set { self.core.metadataProvider = newValue }
-    }
-
-    /// One item of this handler's own metadata.
-    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { self.core.metadata[key] }
-        set { self.core.metadata[key] = newValue }
-    }
-
-    /// Sends the event to the journal (or, failing that, writes a text line on stderr).
-    public func log(event: LogEvent) {
-        let record = self.core.record(for: event)
+    /// Sends the record to the journal (or, failing that, writes a text line on stderr).
+    public func write(_ record: LogRecord) {
         if !self.journalAvailable || !Self.send(JournalFields.make(record)) {
-            StandardError.write(TextLogHandler.format(record) + "\n")
+            StandardError.write(TextLines.format(record) + "\n")
         }
     }
 

@@ -1,0 +1,191 @@
+import Foundation
+import HealthMetrics
+import Logging
+import MetricsdDaemon
+import MetricsdHTTP
+import MetricsdPostgres
+import MetricsdSystemd
+import NIOCore
+import NIOPosix
+import Prometheus
+import ServiceLifecycle
+import UnixSignals
+
+/// The daemon's parts, wired once from the configuration, and the one `ServiceGroup` that runs them.
+///
+/// Start-up order comes from gates, not from the order of the list: the listeners wait until the database is
+/// prepared; the heartbeat, the settings listener and the scheduler until the API listener is bound (a port in
+/// use means no work at all); `READY=1` until the scheduler runs. Shutdown runs the list backwards: the listeners
+/// stop accepting and drain first, then the scheduler finishes its batches and hands unfinished work back, and
+/// the signal watcher (first in the list) hears a second stop signal until the very end.
+struct DaemonAssembly {
+    let configuration: Configuration
+    let environment: [String: String]
+    let migrate: Bool
+    let tokens: TokenVerifier
+    let pool: PostgresPool
+    let registry: PrometheusCollectorRegistry
+    let levelBox: LogLevelBox
+    let notifier: SystemdNotifier
+    let hooks: DaemonHooks
+    let logger: Logger
+
+    /// Opens once the database answers and the schema is current.
+    let databasePrepared = Gate()
+    /// Opens once the API listener is bound.
+    let listening = Gate()
+    /// Opens once the scheduler runs.
+    let schedulerStarted = Gate()
+    /// Opens once `READY=1` is sent.
+    let ready = Gate()
+
+    init(
+        configuration: Configuration, environment: [String: String], migrate: Bool, tokens: TokenVerifier,
+        pool: PostgresPool, registry: PrometheusCollectorRegistry, levelBox: LogLevelBox, notifier: SystemdNotifier,
+        hooks: DaemonHooks, logger: Logger
+    ) {
+        self.configuration = configuration
+        self.environment = environment
+        self.migrate = migrate
+        self.tokens = tokens
+        self.pool = pool
+        self.registry = registry
+        self.levelBox = levelBox
+        self.notifier = notifier
+        self.hooks = hooks
+        self.logger = logger
+    }
+
+    func group() -> ServiceGroup {
+        let configuration = self.configuration
+        let formula = configuration.formula
+        let identity = Instances.Identity(
+            id: "\(ProcessInfo.processInfo.hostName):\(getpid()):\(String(UInt16.random(in: 0...UInt16.max), radix: 16))",
+            host: ProcessInfo.processInfo.hostName, pid: getpid(), buildVersion: BuildInfo.version,
+            formulaVersion: formula.version, listen: configuration.listen.description)
+        var queue = WorkQueue(
+            pool: self.pool, formula: formula, owner: identity.id, configuration: configuration.work, logger: self.logger)
+        queue.faults.beforeCommit = self.hooks.beforeCommit
+        let store = PostgresStore(pool: self.pool, formula: formula, readRunners: configuration.readBatches, logger: self.logger)
+        let jobs = RecomputeJobs(pool: self.pool, chunkSize: configuration.work.chunkSize)
+        let credentials = CredentialBox(
+            .init(tokens: self.tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))
+        let dailyAt = ReadMostly(configuration.dailyAt)
+        let liveness = Liveness()
+        let signal = WorkSignal()
+        let status = StatusBoard(notifier: self.notifier)
+        let reporter = OperatorMetrics(status: StatusQueries(pool: self.pool), jobs: jobs, version: formula.version)
+
+        var schedulerConfiguration = Scheduler.Configuration()
+        schedulerConfiguration.tick = .milliseconds(Int64(configuration.tickSeconds * 1000))
+        schedulerConfiguration.idlePoll = .milliseconds(Int64(configuration.idlePollSeconds * 1000))
+        schedulerConfiguration.workers = configuration.workers
+        schedulerConfiguration.beforeTick = self.hooks.beforeTick
+        let scheduler = Scheduler(
+            queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,
+            started: self.schedulerStarted, status: status, reporter: reporter, logger: self.logger)
+
+        let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
+        let dependencies = HTTPDependencies(
+            store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
+            formula: formula, prometheus: configuration.metricsListen == nil ? self.registry : nil,
+            maxInFlight: configuration.maxInFlight, requestLog: requestLog)
+        let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
+        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
+        let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
+        let (listening, started, ready, notifier, logger) = (
+            self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
+        )
+        let server = buildAPIServer(
+            dependencies, address: configuration.listen, requestTimeout: requestTimeout, idleTimeout: idleTimeout,
+            writeTimeout: writeTimeout, maxConnections: configuration.maxConnections,
+            onServerRunning: { channel in
+                listening.open()
+                guard await started.wait() else { return }
+                let address = channel.localAddress.map(Self.describe) ?? configuration.listen.description
+                status.serving(on: address)
+                notifier.ready(status: status.line)
+                ready.open()
+                logger.info(
+                    "metricsd ready",
+                    metadata: [
+                        "metricsd.listen": "\(address)", "metricsd.formula.version": "\(formula.version)",
+                        "metricsd.instance": "\(identity.id)",
+                    ])
+            },
+            logger: self.logger)
+        let reload = Reload(
+            base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
+            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, logger: self.logger)
+
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(
+                service: SignalService(
+                    stopping: { signal in
+                        notifier.stopping(status: "stopping: finishing requests and the current batch")
+                        logger.info("Stopping", metadata: ["metricsd.signal": "\(signal)"])
+                    },
+                    reload: reload.callAsFunction, logger: self.logger))
+        ]
+        if let watchdog = WatchdogConfiguration.fromEnvironment() {
+            services.append(
+                .init(
+                    service: WatchdogService(
+                        configuration: watchdog, notifier: self.notifier, liveness: liveness,
+                        eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: self.logger)))
+        }
+        services.append(
+            .init(
+                service: DatabasePreparation(
+                    pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
+                    logger: self.logger),
+                successTerminationBehavior: .ignore))
+        services.append(.init(service: store.readBatches))
+        services.append(
+            .init(
+                service: Gated(
+                    after: self.listening,
+                    InstanceHeartbeat(
+                        instances: Instances(pool: self.pool), identity: identity, interval: .seconds(10),
+                        logger: self.logger))))
+        services.append(
+            .init(
+                service: Gated(
+                    after: self.listening,
+                    SettingsListener(
+                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
+        services.append(.init(service: Gated(after: self.listening, scheduler)))
+        if let metricsListen = configuration.metricsListen {
+            services.append(
+                .init(
+                    service: Gated(
+                        after: self.databasePrepared,
+                        buildAPIServer(
+                            dependencies, endpoints: .metrics(self.registry), address: metricsListen,
+                            requestTimeout: requestTimeout, idleTimeout: idleTimeout, writeTimeout: writeTimeout,
+                            logger: self.logger))))
+        }
+        services.append(.init(service: Gated(after: self.databasePrepared, server)))
+
+        var groupConfiguration = ServiceGroupConfiguration(
+            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: self.logger)
+        groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(configuration.shutdownSeconds * 1000))
+        groupConfiguration.maximumCancellationDuration = .seconds(5)
+        return ServiceGroup(configuration: groupConfiguration)
+    }
+
+    /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its
+    /// own switch, `METRICSD_REQUEST_LOG`, independent of `METRICSD_LOG_LEVEL`).
+    func requestLogger() -> Logger {
+        let level = LogLevelBox(.info)
+        let (format, environment) = (self.configuration.logFormat, self.environment)
+        return Logger(label: "metricsd") { label in
+            LogSetup.makeHandler(label: label, format: format, level: level, environment: environment)
+        }
+    }
+
+    static func describe(_ address: SocketAddress) -> String {
+        guard let ip = address.ipAddress, let port = address.port else { return "\(address)" }
+        return ip.contains(":") ? "[\(ip)]:\(port)" : "\(ip):\(port)"
+    }
+}

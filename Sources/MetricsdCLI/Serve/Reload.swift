@@ -1,0 +1,51 @@
+import Logging
+import MetricsdDaemon
+import MetricsdHTTP
+import MetricsdSystemd
+import HealthMetrics
+
+/// `systemctl reload` (SIGHUP): re-reads what can change without a restart — log level, request log, daily time
+/// (from `METRICSD_CONFIG_FILE`) and the secret files (JWT secret or public key, admin token). Everything else
+/// needs a restart. A reload that fails keeps the previous settings and says why in `STATUS=`. Before the daemon
+/// is ready there is nothing to reload into: the signal is logged and ignored (no `RELOADING=1`, whose `READY=1`
+/// would tell systemd the start-up had finished).
+struct Reload: Sendable {
+    let base: [String: String]
+    let levelBox: LogLevelBox
+    let dailyAt: ReadMostly<DailyTime>
+    let credentials: CredentialBox
+    let requestLog: RequestLog
+    let status: StatusBoard
+    let notifier: SystemdNotifier
+    let ready: Gate
+    let logger: Logger
+
+    @Sendable func callAsFunction() async {
+        guard self.ready.isOpen else {
+            self.logger.notice("Reload ignored: still starting")
+            return
+        }
+        self.notifier.reloading()
+        do {
+            let environment = try ConfigFile.merge(into: self.base)
+            let configuration = try Configuration(environment: environment)
+            let tokens = try await TokenVerifier(configuration.tokens)
+            self.levelBox.level = configuration.logLevel
+            self.dailyAt.value = configuration.dailyAt
+            self.requestLog.mode = configuration.requestLog
+            self.credentials.replace(
+                .init(tokens: tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))
+            self.logger.info(
+                "Reloaded",
+                metadata: [
+                    "metricsd.log.level": "\(configuration.logLevel)", "metricsd.daily_at": "\(configuration.dailyAt)",
+                    "metricsd.request_log": "\(configuration.requestLog.rawValue)",
+                    "metricsd.jwt.algorithms": "\(tokens.acceptedAlgorithms.joined(separator: ","))",
+                ])
+            self.notifier.ready(status: self.status.line)
+        } catch {
+            self.logger.error("Reload failed; keeping the previous settings", metadata: ["metricsd.error": "\(error)"])
+            self.notifier.ready(status: "reload failed: \(error); " + self.status.line)
+        }
+    }
+}
