@@ -248,7 +248,7 @@ final class TestConnection {
             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
         let pipeline = self.channel.pipeline.syncOperations
         try pipeline.addHandler(self.readCounter)
-        try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: true, withErrorHandling: true)
+        try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: true, withErrorHandling: false)
         try pipeline.addHandler(
             HTTPConnectionHandler(
                 dispatcher: dispatcher, worker: ConnectionWorker(), timeouts: ConnectionHandlerTests.timeouts,

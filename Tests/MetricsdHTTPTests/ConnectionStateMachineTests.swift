@@ -163,11 +163,15 @@ import Testing
         #expect(blocked.state == .closing(deadline: Self.start + .seconds(3)))
     }
 
-    @Test func parseErrorsCloseAfterTheFlush() {
+    @Test func parseErrorsAre400ThenCloseUnlessTheConnectionIsAlreadyClosing() {
         var machine = Self.machine()
-        #expect(machine.parseError(now: Self.start) == .closeAfterFlush)
+        #expect(machine.parseError(now: Self.start) == .refuseUnparsable)
         #expect(machine.state == .closing(deadline: Self.start + .seconds(3)))
         #expect(machine.parseError(now: Self.start) == .none)
+
+        var answering = Self.responding()
+        #expect(answering.parseError(now: Self.start) == .none)
+        #expect(answering.replyReady(isWritable: true, now: Self.start).action == .writeAndClose)
     }
 
     @Test func everyWaitingStateHasADeadline() {

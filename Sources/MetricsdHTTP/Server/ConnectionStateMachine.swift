@@ -71,8 +71,8 @@ struct ConnectionStateMachine {
         case sendContinue
         /// Close the connection now.
         case close
-        /// Close once everything written is flushed (`ClosingState`'s deadline still applies).
-        case closeAfterFlush
+        /// Answer `400 Bad Request`, then close once it is flushed (the closing state's deadline applies).
+        case refuseUnparsable
     }
 
     /// How the handler writes a reply that is ready, and what the request asked of its form.
@@ -213,14 +213,23 @@ struct ConnectionStateMachine {
         }
     }
 
-    /// A request could not be parsed: NIO's error handler has answered 400; nothing after it can be framed.
+    /// A request could not be parsed: nothing after it can be framed. NIO's pipeline handler delivers the error
+    /// after the replies to the requests before it, so it is answered 400 unless the connection is already
+    /// closing (bytes after a `Connection: close` request or a 413 are not answered).
     mutating func parseError(now: NIODeadline) -> Action {
         switch self.state {
+        case .idle, .receiving:
+            self.state = .closing(deadline: now + self.timeouts.write)
+            return .refuseUnparsable
+        case .responding(var exchange):
+            exchange.closeAfter = true
+            self.state = .responding(exchange)
+            return .none
+        case .blocked(_, let deadline):
+            self.state = .blocked(closeAfter: true, deadline: deadline)
+            return .none
         case .closing, .closed:
             return .none
-        default:
-            self.state = .closing(deadline: now + self.timeouts.write)
-            return .closeAfterFlush
         }
     }
 

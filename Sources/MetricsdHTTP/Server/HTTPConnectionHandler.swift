@@ -3,7 +3,7 @@ import NIOCore
 import NIOHTTP1
 
 /// Every HTTP/1.1 connection's last handler, behind NIO's server pipeline (`configureHTTPServerPipeline`: request
-/// decoder, response encoder, `HTTPServerPipelineHandler`, `HTTPServerProtocolErrorHandler`): hands each request
+/// decoder, response encoder, `HTTPServerPipelineHandler`; parse errors are answered here): hands each request
 /// to the ``APIDispatcher`` and writes its reply. The decisions are ``ConnectionStateMachine``'s; this class
 /// performs them.
 ///
@@ -25,6 +25,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     /// The most a single read takes from the socket (and NIO's decoder parses at once).
     static let readLimit = 16 * 1024
+
+    /// The answer to bytes that are not HTTP/1.1 (this handler's, not `HTTPServerProtocolErrorHandler`'s, which
+    /// would also answer the bytes after a request that closes the connection).
+    static let badRequest = HTTPResponseHead(
+        version: .http1_1, status: .badRequest, headers: HTTPHeaders([("Connection", "close"), ("Content-Length", "0")]))
 
     private let dispatcher: APIDispatcher
     private let worker: ConnectionWorker
@@ -127,7 +132,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             context.writeAndFlush(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
         case .close:
             context.close(promise: nil)
-        case .closeAfterFlush:
+        case .refuseUnparsable:
+            context.write(self.wrapOutboundOut(.head(Self.badRequest)), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
             self.closeAfterFlush(context: context)
         }
     }

@@ -75,7 +75,7 @@ package struct MetricsdHTTPChannel: ServerChildChannel {
             try options?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
             let pipeline = channel.pipeline.syncOperations
             try pipeline.configureHTTPServerPipeline(
-                withPipeliningAssistance: true, withErrorHandling: true, withEncoderConfiguration: .init(),
+                withPipeliningAssistance: true, withErrorHandling: false, withEncoderConfiguration: .init(),
                 withDecoderLimitConfiguration: Self.decoderLimits)
             try pipeline.addHandler(
                 HTTPConnectionHandler(
