@@ -133,6 +133,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .close:
             context.close(promise: nil)
         case .refuseUnparsable:
+            // A channel already closed (NIO's decoder reports a request cut short when the connection closes, and
+            // NIO's pipeline handler closes it on graceful shutdown) is not written to.
+            guard context.channel.isActive else {
+                context.close(promise: nil)
+                return
+            }
             context.write(self.wrapOutboundOut(.head(Self.badRequest)), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
             self.closeAfterFlush(context: context)
