@@ -64,6 +64,9 @@ public struct Configuration: Sendable {
     public var requestTimeoutSeconds: Double
     /// `METRICSD_HTTP_IDLE_TIMEOUT_SECONDS`: an idle keep-alive connection is closed after this, default 60.
     public var idleTimeoutSeconds: Double
+    /// `METRICSD_HTTP_WRITE_TIMEOUT_SECONDS`: a reply the client does not take within this closes the
+    /// connection, default 10.
+    public var writeTimeoutSeconds: Double
     /// `METRICSD_MAX_CONNECTIONS`: open HTTP connections accepted at once, default 1024.
     public var maxConnections: Int
     /// `METRICSD_MAX_IN_FLIGHT`: requests handled at once; beyond it a request gets an immediate 503 with
@@ -134,6 +137,7 @@ public struct Configuration: Sendable {
         self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS")
         self.requestTimeoutSeconds = try reader.number("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
+        self.writeTimeoutSeconds = try reader.number("METRICSD_HTTP_WRITE_TIMEOUT_SECONDS")
         self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS")
         self.maxInFlight = try reader.integer(
             "METRICSD_MAX_IN_FLIGHT", default: min(self.maxConnections, 8 * self.poolSize), range: 1...100_000)

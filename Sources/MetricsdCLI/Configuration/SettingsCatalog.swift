@@ -161,6 +161,10 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_HTTP_IDLE_TIMEOUT_SECONDS", .http, .number(0.1...3600), default: "60",
             "An idle keep-alive connection is closed after this many seconds."),
+        Setting(
+            "METRICSD_HTTP_WRITE_TIMEOUT_SECONDS", .http, .number(0.1...600), default: "10",
+            "A reply the client does not take within this many seconds (it stopped reading) closes the connection; closing replies included."
+        ),
         Setting("METRICSD_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "1024", "Open HTTP connections accepted at once."),
         Setting(
             "METRICSD_MAX_IN_FLIGHT", .http, .integer(1...100_000), default: "64",

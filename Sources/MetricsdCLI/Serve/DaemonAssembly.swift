@@ -100,12 +100,13 @@ struct DaemonAssembly {
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
         let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
+        let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
         let (listening, started, ready, notifier, logger) = (
             self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
         )
         let server = buildAPIServer(
             dependencies, address: configuration.listen, requestTimeout: requestTimeout, idleTimeout: idleTimeout,
-            maxConnections: configuration.maxConnections,
+            writeTimeout: writeTimeout, maxConnections: configuration.maxConnections,
             onServerRunning: { channel in
                 listening.open()
                 guard await started.wait() else { return }
@@ -169,7 +170,8 @@ struct DaemonAssembly {
                         after: self.databasePrepared,
                         buildAPIServer(
                             dependencies, endpoints: .metrics(self.registry), address: metricsListen,
-                            requestTimeout: requestTimeout, idleTimeout: idleTimeout, logger: self.logger))))
+                            requestTimeout: requestTimeout, idleTimeout: idleTimeout, writeTimeout: writeTimeout,
+                            logger: self.logger))))
         }
         services.append(.init(service: Gated(after: self.databasePrepared, server)))
 

@@ -75,14 +75,18 @@ func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
 }
 
 /// The daemon's HTTP server for one listener: the HTTP module's server with this daemon's endpoints.
+/// - Parameters:
+///   - requestTimeout: for a request's head, and for its body.
+///   - idleTimeout: between a reply and the next request.
+///   - writeTimeout: for a reply the client does not take (closing replies included).
 package func buildAPIServer(
     _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, address: ListenAddress,
-    requestTimeout: TimeAmount, idleTimeout: TimeAmount, maxConnections: Int? = nil,
-    onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
+    requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10),
+    maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
 ) -> Server<MetricsdHTTPChannel> {
     buildHTTPServer(
         endpoints: endpoints.list(dependencies), credentials: dependencies.credentials, inFlight: dependencies.inFlight,
         maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, address: address,
-        requestTimeout: requestTimeout, idleTimeout: idleTimeout, maxConnections: maxConnections,
+        timeouts: HTTPTimeouts(request: requestTimeout, idle: idleTimeout, write: writeTimeout), maxConnections: maxConnections,
         onServerRunning: onServerRunning, logger: logger)
 }

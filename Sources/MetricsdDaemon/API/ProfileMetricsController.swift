@@ -23,8 +23,8 @@ struct ProfileMetricsController {
 
     /// The user's latest metrics, read by the batched read (no task; the body is written on the connection's
     /// event loop). A user with valid settings but no row yet (just onboarded) gets them computed, stored and
-    /// returned now: never the 404 race of the old design.
-    @Sendable func today(_ request: EndpointRequest, _ done: @escaping @Sendable (Result<Reply, any Error>) -> Void) {
+    /// returned now, in the connection's own task: never the 404 race of the old design.
+    @Sendable func today(_ request: EndpointRequest, _ done: @escaping @Sendable (Endpoint.Answer) -> Void) {
         let userID: Int64
         do {
             userID = try request.user()
@@ -36,15 +36,9 @@ struct ProfileMetricsController {
         store.latestMetrics(userID: userID) { result in
             switch result {
             case .success(.some(let latest)):
-                request.eventLoop.execute { done(.success(Reply(body: Self.todayBody(latest)))) }
+                request.eventLoop.execute { done(.reply(Reply(body: Self.todayBody(latest)))) }
             case .success(.none):
-                Task {
-                    do {
-                        done(.success(Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger))))
-                    } catch {
-                        done(.failure(error))
-                    }
-                }
+                done(.later { Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger)) })
             case .failure(let error):
                 done(.failure(error))
             }

@@ -6,19 +6,26 @@ import NIOCore
 import NIOHTTP1
 import Synchronization
 
+/// Where a connection's work runs: its event loop, and its own task.
+package struct ConnectionContext: Sendable {
+    let eventLoop: any EventLoop
+    let worker: ConnectionWorker
+}
+
 /// The one path every HTTP request takes, whatever its route.
 ///
-/// In order: the request id; a body over 16 KiB is a 413; the route (404, or 405 with `Allow`); the in-flight
-/// limit (a fast 503 with `Retry-After` instead of a queue); authentication (401 with `WWW-Authenticate`); the
-/// endpoint's handler; errors mapped to `{"error": …, "statusCode": …}` (an unexpected one is a 500 naming the
-/// request id, its detail logged); then the common headers, the `metricsd_http_*` metrics and the request log
-/// line. The reply is handed back on the connection's event loop.
+/// In order: the request id; the route (404, 405 with `Allow`, 501 for CONNECT; HEAD is answered as GET); the
+/// in-flight limit (a fast 503 with `Retry-After` instead of a queue); authentication (401 with
+/// `WWW-Authenticate`); the endpoint's handler; errors mapped to `{"error": …, "statusCode": …}` (an unexpected
+/// one is a 500 naming the request id, its detail logged); then the `metricsd_http_*` metrics and the request log
+/// line. The reply is handed back on the connection's event loop; the connection adds the common headers.
 ///
-/// The busiest request, `GET /v1/profile/metrics/today`, is answered without leaving the event loop except for
-/// the database read itself (a callback handler, `Endpoint.Handler.callback`): no task, no async sequence, no
-/// per-request allocation beyond the request's own strings. That is why this dispatcher is not Hummingbird's
-/// router (which runs every request in a task behind an async sequence): on this project's 2-core benchmark the
-/// router alone topped out below the database's own read ceiling (README, Performance).
+/// The busiest request, `GET /v1/profile/metrics/today`, is answered without a task: the token is checked on the
+/// event loop and the database read is a callback (`Endpoint.Handler.callback`). Work that takes longer, or
+/// waits, runs in the connection's own task (``ConnectionWorker``): async handlers and the rest of a callback
+/// that needs one. That is why this dispatcher is not Hummingbird's router (which runs every request in a task
+/// behind an async sequence): on this project's 2-core benchmark the router alone topped out below the
+/// database's own read ceiling (README, Performance).
 final class APIDispatcher: Sendable {
     /// Bodies above this are refused with 413, whatever the route.
     static let maxBodySize = 16 * 1024
@@ -42,10 +49,10 @@ final class APIDispatcher: Sendable {
         self.logger = logger
     }
 
-    /// The answer to one request, handed to `completion` on `eventLoop` (exactly once) with the request id.
-    /// - Parameter bodyTooLarge: the body is (or is declared to be) over ``maxBodySize``; `body` is incomplete.
+    /// The answer to one whole request, handed to `completion` on the connection's event loop with the request
+    /// id: exactly once, unless the server is torn down first (its task cancelled).
     func respond(
-        to head: HTTPRequestHead, body: ByteBuffer, bodyTooLarge: Bool, on eventLoop: any EventLoop,
+        to head: HTTPRequestHead, body: ByteBuffer, connection: ConnectionContext,
         completion: @escaping (Reply, String) -> Void
     ) {
         let started = ContinuousClock.now
@@ -53,13 +60,9 @@ final class APIDispatcher: Sendable {
         let method = HTTPRequest.Method(head.method)
         let requestID = Self.requestID(from: fields.requestID)
         let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: started, completion: completion)
-        if bodyTooLarge {
-            finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
-            return
-        }
         let endpoint: Endpoint
         let parameter: Substring?
-        switch self.routes.match(method: method, path: head.uri) {
+        switch self.routes.match(method: method, target: head.uri) {
         case .found(let found, let value):
             endpoint = found
             parameter = value
@@ -68,9 +71,12 @@ final class APIDispatcher: Sendable {
             error.headers[.allow] = allowed.joined(separator: ", ")
             finish(.error(error), route: "unmatched", userID: nil)
             return
+        case .notImplemented:
+            finish(.error(AppError(.notImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
+            return
         case .notFound:
-            let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
-            finish(.error(AppError(.notFound, "no such route: \(method.rawValue) \(Self.shownPath(path))")), route: "unmatched", userID: nil)
+            let shown = Self.shownPath(RouteTable.path(of: head.uri))
+            finish(.error(AppError(.notFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
             return
         }
         guard self.inFlight.enter(limit: self.maxInFlight) else {
@@ -96,10 +102,11 @@ final class APIDispatcher: Sendable {
             finish(.error(error), route: route, userID: nil)
             return
         }
-        let request = EndpointRequest(
-            head: head, body: body, parameter: parameter, requestID: requestID, userID: userID, eventLoop: eventLoop,
-            logger: self.logger)
         let user = userID
+        let request = EndpointRequest(
+            head: head, body: body, parameter: parameter, requestID: requestID, userID: user,
+            eventLoop: connection.eventLoop, logger: self.logger)
+        let done = Done(dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: route, request: request)
         switch endpoint.handler {
         case .immediate(let handle):
             let reply: Reply
@@ -108,38 +115,66 @@ final class APIDispatcher: Sendable {
             } catch {
                 reply = self.errorReply(error, requestID: requestID, userID: user)
             }
-            self.inFlight.leave()
-            finish(reply, route: route, userID: user)
+            done(reply)
         case .callback(let handle):
-            let bound = NIOLoopBound(finish, eventLoop: eventLoop)
-            handle(request) { result in
-                let reply: Reply
-                switch result {
-                case .success(let value): reply = value
-                case .failure(let error): reply = self.errorReply(error, requestID: requestID, userID: user)
-                }
-                if eventLoop.inEventLoop {
-                    self.inFlight.leave()
-                    bound.value(reply, route: route, userID: user)
-                } else {
-                    eventLoop.execute {
-                        self.inFlight.leave()
-                        bound.value(reply, route: route, userID: user)
-                    }
+            handle(request) { answer in
+                switch answer {
+                case .reply(let reply): done(reply)
+                case .failure(let error): done(self.errorReply(error, requestID: requestID, userID: user))
+                case .later(let rest): self.later(rest, done: done, connection: connection)
                 }
             }
         case .async(let handle):
-            let bound = NIOLoopBound(finish, eventLoop: eventLoop)
-            Task {
-                let reply: Reply
-                do {
-                    reply = try await handle(request)
-                } catch {
-                    reply = self.errorReply(error, requestID: requestID, userID: user)
-                }
+            self.later({ try await handle(request) }, done: done, connection: connection)
+        }
+    }
+
+    /// A request the connection answers before reading its body (over the size limit, an unknown expectation);
+    /// `completion` runs at once.
+    func refuse(_ head: HTTPRequestHead, _ refusal: ConnectionStateMachine.Refusal, completion: @escaping (Reply, String) -> Void) {
+        let method = HTTPRequest.Method(head.method)
+        let requestID = Self.requestID(from: RequestFields(head.headers).requestID)
+        let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: .now, completion: completion)
+        switch refusal {
+        case .bodyTooLarge:
+            finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
+        case .expectationFailed:
+            finish(.error(AppError(.expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
+        }
+    }
+
+    /// Runs the rest of a request in the connection's task; its reply goes back to the event loop.
+    private func later(_ work: @escaping @Sendable () async throws -> Reply, done: Done, connection: ConnectionContext) {
+        let accepted = connection.worker.submit {
+            let reply: Reply
+            do {
+                reply = try await work()
+            } catch {
+                reply = self.errorReply(error, requestID: done.request.requestID, userID: done.request.userID)
+            }
+            done(reply)
+        }
+        // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
+        if !accepted { done(.error(AppError.unavailable("connection closed"))) }
+    }
+
+    /// The end of a request that passed the in-flight limit: gives its slot back, then ``Finish``; on the
+    /// connection's event loop whichever thread the reply comes from.
+    private struct Done: Sendable {
+        let dispatcher: APIDispatcher
+        let finish: NIOLoopBound<Finish>
+        let route: String
+        let request: EndpointRequest
+
+        func callAsFunction(_ reply: Reply) {
+            let eventLoop = self.finish.eventLoop
+            if eventLoop.inEventLoop {
+                self.dispatcher.inFlight.leave()
+                self.finish.value(reply, route: self.route, userID: self.request.userID)
+            } else {
                 eventLoop.execute {
-                    self.inFlight.leave()
-                    bound.value(reply, route: route, userID: user)
+                    self.dispatcher.inFlight.leave()
+                    self.finish.value(reply, route: self.route, userID: self.request.userID)
                 }
             }
         }
@@ -202,211 +237,4 @@ final class APIDispatcher: Sendable {
             return AppError(.internalServerError, "internal server error (request \(requestID))")
         }
     }
-
-    // MARK: Request ids and loggers
-
-    /// A request's logger: every line carries its id, and the user id once authenticated.
-    static func requestLogger(_ base: Logger, requestID: String, userID: Int64?) -> Logger {
-        var logger = base
-        logger[metadataKey: "metricsd.request.id"] = .string(requestID)
-        if let userID { logger[metadataKey: "metricsd.user.id"] = .stringConvertible(userID) }
-        return logger
-    }
-
-    /// The client's id when well-formed (1–64 characters of `[A-Za-z0-9._-]`), else a new one.
-    static func requestID(from header: String?) -> String {
-        if let header, (1...64).contains(header.utf8.count),
-            header.utf8.allSatisfy({ byte in
-                (byte >= 48 && byte <= 57) || (byte >= 65 && byte <= 90) || (byte >= 97 && byte <= 122)
-                    || byte == 45 || byte == 46 || byte == 95
-            })
-        {
-            return header
-        }
-        return Self.newRequestID()
-    }
-
-    /// A new id: 16 hex digits, unique within the process (a counter through a bijective mixer, seeded from the
-    /// system's random source once, so ids do not repeat across restarts either). No system call per request.
-    static func newRequestID() -> String {
-        var value = Self.requestSeed &+ Self.requestCounter.add(1, ordering: .relaxed).newValue &* 0x9E37_79B9_7F4A_7C15
-        value = (value ^ (value >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        value = (value ^ (value >> 27)) &* 0x94D0_49BB_1331_11EB
-        value ^= value >> 31
-        return String(unsafeUninitializedCapacity: 16) { buffer in
-            let digits: StaticString = "0123456789abcdef"
-            for index in 0..<16 {
-                buffer[index] = digits.utf8Start[Int((value >> UInt64(60 - 4 * index)) & 0xF)]
-            }
-            return 16
-        }
-    }
-
-    private static let requestSeed: UInt64 = {
-        var generator = SystemRandomNumberGenerator()
-        return generator.next()
-    }()
-    private static let requestCounter = Atomic<UInt64>(0)
-
-    /// A path as echoed in an error: printable ASCII only, at most 100 characters.
-    static func shownPath(_ path: String) -> String {
-        let printable = path.unicodeScalars.prefix(100).map { $0.value >= 0x21 && $0.value < 0x7f ? Character($0) : "?" }
-        return String(printable) + (path.unicodeScalars.count > 100 ? "…" : "")
-    }
-}
-
-/// The few request headers the dispatcher reads, found in one pass. Repeated `Authorization` or `X-Request-Id`
-/// headers are joined with ", " (as HTTP joins repeated fields), so an ambiguous credential is never valid.
-struct RequestFields {
-    var authorization: String?
-    var requestID: String?
-
-    init(_ headers: HTTPHeaders) {
-        for (name, value) in headers {
-            if Self.equalsIgnoringCase(name, "authorization") {
-                self.authorization = self.authorization.map { $0 + ", " + value } ?? value
-            } else if Self.equalsIgnoringCase(name, "x-request-id") {
-                self.requestID = self.requestID.map { $0 + ", " + value } ?? value
-            }
-        }
-    }
-
-    /// ASCII case-insensitive comparison with a lowercase name (no allocation).
-    static func equalsIgnoringCase(_ name: String, _ lowercase: StaticString) -> Bool {
-        guard name.utf8.count == lowercase.utf8CodeUnitCount else { return false }
-        return lowercase.withUTF8Buffer { expected in
-            var index = 0
-            for byte in name.utf8 {
-                let folded = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
-                guard folded == expected[index] else { return false }
-                index += 1
-            }
-            return true
-        }
-    }
-}
-
-extension HTTPRequest.Method {
-    /// The method of a request NIO decoded.
-    init(_ method: NIOHTTP1.HTTPMethod) {
-        switch method {
-        case .GET: self = .get
-        case .POST: self = .post
-        case .PUT: self = .put
-        case .DELETE: self = .delete
-        case .HEAD: self = .head
-        case .OPTIONS: self = .options
-        case .PATCH: self = .patch
-        default: self = HTTPRequest.Method(method.rawValue) ?? HTTPRequest.Method("UNKNOWN")!
-        }
-    }
-}
-
-/// The bearer token of an `Authorization` header value, or a 401 saying what is wrong with it.
-func bearerToken(_ header: String?) throws(AppError) -> Substring {
-    guard let header else {
-        throw AppError.unauthorized("missing bearer token")
-    }
-    let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-    guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else {
-        throw AppError.unauthorized("malformed Authorization header: expected 'Bearer <token>'")
-    }
-    return parts[1]
-}
-
-/// The endpoints by method and path.
-///
-/// Paths are compared segment by segment (empty segments ignored, the query string dropped); `{name}` matches
-/// any one segment. A path that exists with other methods is a 405 naming them.
-struct RouteTable: Sendable {
-    enum Match {
-        case found(Endpoint, parameter: Substring?)
-        case methodNotAllowed([String])
-        case notFound
-    }
-
-    private struct Entry: Sendable {
-        let segments: [Substring]
-        let endpoints: [Endpoint]
-        let parameterIndex: Int?
-    }
-
-    /// Routes without parameters by their normalised path: one dictionary lookup for the common case.
-    private let exact: [String: Entry]
-    private let parameterised: [Entry]
-
-    init(_ endpoints: [Endpoint]) {
-        var byRoute: [String: [Endpoint]] = [:]
-        var order: [String] = []
-        for endpoint in endpoints {
-            if byRoute[endpoint.route] == nil { order.append(endpoint.route) }
-            byRoute[endpoint.route, default: []].append(endpoint)
-        }
-        var exact: [String: Entry] = [:]
-        var parameterised: [Entry] = []
-        for route in order {
-            let segments = route.split(separator: "/")
-            let parameterIndex = segments.firstIndex { $0.hasPrefix("{") }
-            let entry = Entry(segments: segments, endpoints: byRoute[route]!, parameterIndex: parameterIndex)
-            if parameterIndex == nil {
-                exact["/" + segments.joined(separator: "/")] = entry
-            } else {
-                parameterised.append(entry)
-            }
-        }
-        self.exact = exact
-        self.parameterised = parameterised
-    }
-
-    func match(method: HTTPRequest.Method, path target: String) -> Match {
-        let path = target.utf8.contains(UInt8(ascii: "?")) ? String(target[..<target.firstIndex(of: "?")!]) : target
-        if let entry = self.exact[path] { return Self.pick(method, entry, parameter: nil) }
-        let segments = path.split(separator: "/")
-        if let entry = self.exact["/" + segments.joined(separator: "/")] { return Self.pick(method, entry, parameter: nil) }
-        for entry in self.parameterised where entry.segments.count == segments.count {
-            var parameter: Substring?
-            let matches = zip(entry.segments, segments).enumerated().allSatisfy { index, pair in
-                if index == entry.parameterIndex {
-                    parameter = pair.1
-                    return true
-                }
-                return pair.0 == pair.1
-            }
-            if matches { return Self.pick(method, entry, parameter: parameter) }
-        }
-        return .notFound
-    }
-
-    private static func pick(_ method: HTTPRequest.Method, _ entry: Entry, parameter: Substring?) -> Match {
-        for endpoint in entry.endpoints where endpoint.method == method {
-            return .found(endpoint, parameter: parameter)
-        }
-        return .methodNotAllowed(entry.endpoints.map(\.method.rawValue))
-    }
-}
-
-/// Requests in flight, for overload shedding; also `metricsd_http_requests_in_flight` on `/metrics`.
-package final class InFlightCounter: Sendable {
-    private let count = Atomic<Int>(0)
-    private let gauge = Gauge(label: "metricsd_http_requests_in_flight")
-
-    package init() {}
-
-    /// Takes a slot if fewer than `limit` are taken.
-    func enter(limit: Int) -> Bool {
-        let new = self.count.add(1, ordering: .relaxed).newValue
-        if new > limit {
-            self.count.subtract(1, ordering: .relaxed)
-            return false
-        }
-        self.gauge.record(new)
-        return true
-    }
-
-    func leave() {
-        // (Concurrent enters and leaves may record out of order; the next change corrects the gauge.)
-        self.gauge.record(self.count.subtract(1, ordering: .relaxed).newValue)
-    }
-
-    var current: Int { self.count.load(ordering: .relaxed) }
 }

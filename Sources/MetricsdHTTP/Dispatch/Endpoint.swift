@@ -23,12 +23,21 @@ package struct Endpoint: Sendable {
     /// How a handler answers. All three end the same way (``APIDispatcher`` writes the reply on the connection's
     /// event loop); they differ only in where the work runs.
     package enum Handler: Sendable {
-        /// Answers at once, on the event loop (must not block).
+        /// Answers at once, on the event loop (must not block, and should take microseconds).
         case immediate(@Sendable (EndpointRequest) throws -> Reply)
-        /// Starts work elsewhere and calls back exactly once, from any thread (the batched latest-metrics read).
-        case callback(@Sendable (EndpointRequest, @escaping @Sendable (Result<Reply, any Error>) -> Void) -> Void)
-        /// Runs in a task (database writes, admin operations).
+        /// Starts work elsewhere and answers exactly once, from any thread (the batched latest-metrics read);
+        /// ``Answer/later(_:)`` hands the rest to the connection's task.
+        case callback(@Sendable (EndpointRequest, @escaping @Sendable (Answer) -> Void) -> Void)
+        /// Runs in the connection's own task (database writes, admin operations, rendering `/metrics`).
         case async(@Sendable (EndpointRequest) async throws -> Reply)
+    }
+
+    /// How a callback handler answers.
+    package enum Answer: Sendable {
+        case reply(Reply)
+        case failure(any Error)
+        /// The rest of the work needs a task: it runs in the connection's own task (``ConnectionWorker``).
+        case later(@Sendable () async throws -> Reply)
     }
 
     let method: HTTPRequest.Method

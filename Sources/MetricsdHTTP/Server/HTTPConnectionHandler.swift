@@ -1,325 +1,247 @@
 import HTTPTypes
-import Logging
 import NIOCore
 import NIOHTTP1
 
-/// Every HTTP/1.1 connection's handler, after NIO's request decoder: reads each request (head, body up to 16 KiB,
-/// end), hands it to the ``APIDispatcher``, and writes the reply as one buffer.
+/// Every HTTP/1.1 connection's last handler, behind NIO's server pipeline (`configureHTTPServerPipeline`: request
+/// decoder, response encoder, `HTTPServerPipelineHandler`; parse errors are answered here): hands each request
+/// to the ``APIDispatcher`` and writes its reply. The decisions are ``ConnectionStateMachine``'s; this class
+/// performs them.
 ///
-/// - Order: requests are answered one at a time, in the order they arrived. Parts that arrive while a reply is
-///   pending (pipelining), the end of input (a client that half-closed after its last request) and a parse
-///   error wait until the replies before them are written. Reading goes on while one request is answered
-///   (stopping and restarting it would cost two `epoll_ctl` calls per request); a client that sends more than a
-///   few requests ahead is not read from until they are answered (`maxHeldParts`).
-/// - Deadlines (slow clients): the first request's head must arrive within `requestTimeout` of the connection
-///   opening, a body within `requestTimeout` of its head, and the next head within `idleTimeout` of the last
-///   reply; otherwise the connection is closed. One timer per connection, which looks again when it fires.
-/// - Closing: after a reply when the request did not ask to keep the connection (`Connection: close`, or
-///   HTTP/1.0 without keep-alive), after a body over the limit (the rest of it is never read), and when the
-///   server shuts down gracefully (at once when idle, else after the replies to what arrived).
-///
-/// This replaces a chain of packaged handlers (HTTPTypes conversion both ways, NIO's response encoder,
-/// Hummingbird's connection-state handler): on the benchmark's busiest request those layers cost about a tenth
-/// of the machine's CPU between them, converting every head and header twice. NIO's decoder still parses
-/// every request; only writing a status line and headers is done here.
+/// - Back-pressure: a reply's end is written only while the channel is writable; until then NIO's pipeline
+///   handler neither reads nor delivers the next request, so no further reply is produced.
+/// - Memory per connection, whatever the client does: one read of at most ``readLimit`` bytes (NIO's decoder
+///   parses it whole; the pipeline handler keeps the parsed parts while a reply is pending: a few hundred bytes
+///   per request in it, ~0.5 MB for 16 KiB of the smallest requests), one request body (16 KiB), and the reply
+///   being written (the channel's 64 KiB high-water mark plus one reply; `/openapi.yaml` is one shared buffer).
+/// - Deadlines: the first head must be whole within the request timeout of the connection's start, a body within
+///   the request timeout of its head, the next head within the idle timeout of the last reply, and a reply the
+///   client does not take (its end held, or a closing reply) within the write timeout. One timer per connection,
+///   which looks again when it fires. Graceful shutdown closes an idle connection at once and a busy one after
+///   its reply (NIO's pipeline handler), so the drain is bounded by these deadlines too.
 final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
-    /// Parts held before reading stops (a few pipelined requests).
-    static let maxHeldParts = 16
+    /// The most a single read takes from the socket (and NIO's decoder parses at once).
+    static let readLimit = 16 * 1024
+
+    /// The answer to bytes that are not HTTP/1.1 (this handler's, not `HTTPServerProtocolErrorHandler`'s, which
+    /// would also answer the bytes after a request that closes the connection).
+    static let badRequest = HTTPResponseHead(
+        version: .http1_1, status: .badRequest, headers: HTTPHeaders([("Connection", "close"), ("Content-Length", "0")]))
 
     private let dispatcher: APIDispatcher
-    private let requestTimeout: TimeAmount
-    private let idleTimeout: TimeAmount
-
-    /// The request being read, and its body so far.
-    private var reading: HTTPRequestHead?
-    private var body: ByteBuffer?
-    /// The rest of the current request (a body over the limit) is dropped as it arrives.
-    private var dropping = false
-    /// A request was handed to the dispatcher and its reply is not written yet.
-    private var answering = false
-    /// Close the connection once the pending reply is written.
-    private var closeAfterReply = false
-    /// The server is shutting down: close as soon as nothing is pending.
-    private var quiescing = false
-    /// Parts (and the end of input, and a parse error) that wait for the pending reply.
-    private var held = CircularBuffer<HTTPServerRequestPart>()
-    private var heldInputClosed = false
-    private var heldError: (any Error)?
-    /// A `read()` held back while too many parts wait.
-    private var readPending = false
-    private var resuming = false
-    /// When the connection is closed unless something happens first; nil while a request is worked on.
-    private var deadline: NIODeadline?
+    private let worker: ConnectionWorker
+    private var machine: ConnectionStateMachine
+    /// Replies are written one at a time: a reply that becomes ready while another one's end is being written
+    /// (NIO's pipeline handler delivers the next pipelined request from inside that write, and an immediate
+    /// handler answers at once) waits here, so pipelined requests are answered in a loop, not by recursion.
+    private var waitingReply: (Reply, String)?
+    private var writing = false
     private var timer: Scheduled<Void>?
-    /// This handler's context while it is in the pipeline (replies arrive later).
     private var context: ChannelHandlerContext?
 
-    init(dispatcher: APIDispatcher, requestTimeout: TimeAmount, idleTimeout: TimeAmount) {
+    init(dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts, now: NIODeadline) {
         self.dispatcher = dispatcher
-        self.requestTimeout = requestTimeout
-        self.idleTimeout = idleTimeout
+        self.worker = worker
+        self.machine = ConnectionStateMachine(timeouts: timeouts, maxBodySize: APIDispatcher.maxBodySize, now: now)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        if context.channel.isActive { self.arm(context, self.requestTimeout) }
+        self.rearm(context)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        self.disarm()
+        self.timer?.cancel()
+        self.timer = nil
         self.context = nil
     }
 
-    func channelActive(context: ChannelHandlerContext) {
-        self.arm(context, self.requestTimeout)
-        context.fireChannelActive()
-    }
-
     func channelInactive(context: ChannelHandlerContext) {
-        self.disarm()
+        self.machine.channelInactive()
+        self.timer?.cancel()
+        self.timer = nil
+        self.worker.finish()
         context.fireChannelInactive()
     }
 
-    // MARK: Reading
+    // MARK: Inbound
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let part = self.unwrapInboundIn(data)
-        // Deadlines follow what arrives, whether it is handled now or held.
-        switch part {
-        case .head: self.arm(context, self.requestTimeout)  // its body must follow in time
-        case .body: break
-        case .end: self.deadline = nil  // the request is in; the server works on it
+        let now = context.eventLoop.now
+        switch self.unwrapInboundIn(data) {
+        case .head(let head): self.perform(self.machine.head(head, now: now), context: context)
+        case .body(let chunk): self.perform(self.machine.body(chunk), context: context)
+        case .end: self.perform(self.machine.end(), context: context)
         }
-        if self.answering || !self.held.isEmpty {
-            self.held.append(part)
-        } else {
-            self.process(part, context: context)
-        }
-    }
-
-    private func process(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
-        switch part {
-        case .head(let head):
-            self.reading = head
-            self.body = nil
-            self.dropping = false
-            // A declared body over the limit is refused at once, before any of it is read.
-            if let declared = head.headers.first(name: "content-length").flatMap({ Int($0) }),
-                declared > APIDispatcher.maxBodySize
-            {
-                self.dispatchTooLarge(context: context)
-            }
-        case .body(var chunk):
-            guard !self.dropping, self.reading != nil else { return }
-            if self.body == nil {
-                self.body = chunk
-            } else {
-                self.body!.writeBuffer(&chunk)
-            }
-            if self.body!.readableBytes > APIDispatcher.maxBodySize { self.dispatchTooLarge(context: context) }
-        case .end:
-            if self.dropping {
-                self.dropping = false
-                return
-            }
-            guard let head = self.reading else { return }
-            self.reading = nil
-            let body = self.body ?? ByteBuffer()
-            self.body = nil
-            self.dispatch(head, body: body, tooLarge: false, context: context)
-        }
-    }
-
-    /// Answers 413 now; the rest of the body is dropped and the connection closed after the reply.
-    private func dispatchTooLarge(context: ChannelHandlerContext) {
-        guard let head = self.reading else { return }
-        self.reading = nil
-        self.body = nil
-        self.dropping = true
-        self.closeAfterReply = true
-        self.dispatch(head, body: ByteBuffer(), tooLarge: true, context: context)
-    }
-
-    private func dispatch(_ head: HTTPRequestHead, body: ByteBuffer, tooLarge: Bool, context: ChannelHandlerContext) {
-        self.answering = true
-        if !head.isKeepAlive { self.closeAfterReply = true }
-        let keepAliveHeader = head.version.major == 1 && head.version.minor == 0 && head.isKeepAlive
-        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-        self.dispatcher.respond(to: head, body: body, bodyTooLarge: tooLarge, on: context.eventLoop) { reply, requestID in
-            bound.value.write(reply, requestID: requestID, keepAliveHeader: keepAliveHeader)
-        }
-    }
-
-    func read(context: ChannelHandlerContext) {
-        if self.held.count >= Self.maxHeldParts {
-            self.readPending = true
-        } else {
-            context.read()
-        }
+        self.rearm(context)
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        switch event {
-        case let event as ChannelEvent where event == .inputClosed:
-            // The client closed its side: answer what it sent, then close.
-            if self.answering || !self.held.isEmpty {
-                self.heldInputClosed = true
-            } else {
-                context.close(promise: nil)
-            }
-        case is ChannelShouldQuiesceEvent:
-            // Graceful shutdown: close when nothing is pending, else once the pending replies are written.
-            self.quiescing = true
-            if !self.answering, self.held.isEmpty, self.reading == nil { context.close(promise: nil) }
-        default:
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            self.perform(self.machine.inputClosed(), context: context)
+        } else {
             context.fireUserInboundEventTriggered(event)
         }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if self.answering || !self.held.isEmpty {
-            if self.heldError == nil { self.heldError = error }
-            return
-        }
-        self.fail(error, context: context)
-    }
-
-    /// A request that cannot be parsed gets a 400 and the connection is closed (what follows cannot be framed);
-    /// a broken connection is just closed.
-    private func fail(_ error: any Error, context: ChannelHandlerContext) {
-        guard context.channel.isActive else { return }
-        if error is IOError {
-            context.close(promise: nil)
-            return
-        }
-        let reply = Reply.error(AppError.badRequest("malformed HTTP request"))
-        let buffer = Self.serialize(
-            reply, requestID: APIDispatcher.newRequestID(), close: true, keepAliveHeader: false,
-            allocator: context.channel.allocator)
-        context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
-            context.close(promise: nil)
-        }
-    }
-
-    // MARK: Writing
-
-    private func write(_ reply: Reply, requestID: String, keepAliveHeader: Bool) {
-        self.answering = false
-        guard let context = self.context, context.channel.isActive else { return }
-        let close = self.closeAfterReply || (self.quiescing && self.held.isEmpty)
-        let buffer = Self.serialize(
-            reply, requestID: requestID, close: close, keepAliveHeader: keepAliveHeader && !close,
-            allocator: context.channel.allocator)
-        if close {
-            self.disarm()
-            context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
-                context.close(promise: nil)
-            }
-            return
-        }
-        context.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
-        self.resume(context: context)
-        if !self.answering, self.reading == nil { self.arm(context, self.idleTimeout) }  // waiting for the next request
-    }
-
-    /// Goes on with held parts once the reply before them is written; then lets reading continue. Re-entered
-    /// when a held request is answered at once (a 401): the outer call carries on.
-    private func resume(context: ChannelHandlerContext) {
-        guard !self.resuming else { return }
-        self.resuming = true
-        defer { self.resuming = false }
-        while !self.answering, context.channel.isActive, let part = self.held.popFirst() {
-            self.process(part, context: context)
-        }
-        if self.readPending, self.held.count < Self.maxHeldParts {
-            self.readPending = false
-            context.read()
-        }
-        guard !self.answering, self.held.isEmpty, context.channel.isActive else { return }
-        if let error = self.heldError {
-            self.heldError = nil
-            self.fail(error, context: context)
-        } else if self.heldInputClosed || (self.quiescing && self.reading == nil) {
-            self.heldInputClosed = false
-            context.close(promise: nil)
-        }
-    }
-
-    /// The status line, headers and body of a reply in one buffer: `Content-Type` (JSON unless the reply names
-    /// another), `Content-Length`, `X-Request-Id`, `Date`, `Connection` when the connection closes (or an HTTP/1.0
-    /// client asked to keep it), then the reply's own headers.
-    static func serialize(
-        _ reply: Reply, requestID: String, close: Bool, keepAliveHeader: Bool, allocator: ByteBufferAllocator
-    ) -> ByteBuffer {
-        var buffer = allocator.buffer(capacity: 256 + reply.body.readableBytes)
-        buffer.writeStaticString("HTTP/1.1 ")
-        buffer.writeString(String(reply.status.code))
-        buffer.writeStaticString(" ")
-        buffer.writeString(reply.status.reasonPhrase)
-        buffer.writeStaticString("\r\nContent-Type: ")
-        if let type = reply.headers[.contentType] {
-            buffer.writeString(type)
+        if error is HTTPParserError {
+            self.perform(self.machine.parseError(now: context.eventLoop.now), context: context)
+            self.rearm(context)
         } else {
-            buffer.writeStaticString("application/json")
+            // A reset, a broken pipe, or a misuse NIO's pipeline handler reports: nothing more can be said.
+            context.close(promise: nil)
         }
-        buffer.writeStaticString("\r\nContent-Length: ")
-        buffer.writeString(String(reply.body.readableBytes))
-        buffer.writeStaticString("\r\nX-Request-Id: ")
-        buffer.writeString(requestID)
-        buffer.writeStaticString("\r\nDate: ")
-        buffer.writeString(HTTPDate.now())
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        let isWritable = context.channel.isWritable
+        switch self.machine.writabilityChanged(isWritable: isWritable, now: context.eventLoop.now) {
+        case .none: break
+        case .end: self.writeEnd(close: false, context: context)
+        case .endAndClose: self.writeEnd(close: true, context: context)
+        }
+        self.rearm(context)
+        context.fireChannelWritabilityChanged()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if self.machine.readsAllowed { context.read() }
+    }
+
+    private func perform(_ action: ConnectionStateMachine.Action, context: ChannelHandlerContext) {
+        switch action {
+        case .none:
+            break
+        case .dispatch(let head, let body):
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+            self.dispatcher.respond(
+                to: head, body: body, connection: ConnectionContext(eventLoop: context.eventLoop, worker: self.worker)
+            ) { reply, requestID in
+                bound.value.replyReady(reply, requestID: requestID)
+            }
+        case .refuse(let head, let refusal):
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+            self.dispatcher.refuse(head, refusal) { reply, requestID in
+                bound.value.replyReady(reply, requestID: requestID)
+            }
+        case .sendContinue:
+            context.writeAndFlush(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
+        case .close:
+            context.close(promise: nil)
+        case .refuseUnparsable:
+            // A channel already closed (NIO's decoder reports a request cut short when the connection closes, and
+            // NIO's pipeline handler closes it on graceful shutdown) is not written to.
+            guard context.channel.isActive else {
+                context.close(promise: nil)
+                return
+            }
+            context.write(self.wrapOutboundOut(.head(Self.badRequest)), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+            self.closeAfterFlush(context: context)
+        }
+    }
+
+    // MARK: Outbound
+
+    private func replyReady(_ reply: Reply, requestID: String) {
+        guard let context = self.context else { return }
+        self.waitingReply = (reply, requestID)
+        guard !self.writing else { return }  // the loop below, further up the stack, takes it
+        self.writing = true
+        defer { self.writing = false }
+        while let (reply, requestID) = self.waitingReply {
+            self.waitingReply = nil
+            let plan = self.machine.replyReady(isWritable: context.channel.isWritable, now: context.eventLoop.now)
+            self.rearm(context)
+            guard plan.action != .discard else { continue }
+            let head = reply.head(
+                requestID: requestID, close: plan.action == .writeAndClose, keepAlive: plan.announcesKeepAlive)
+            context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+            if !plan.bodyless, reply.body.readableBytes > 0 {
+                context.write(self.wrapOutboundOut(.body(.byteBuffer(reply.body))), promise: nil)
+            }
+            switch plan.action {
+            case .writeAndEnd:
+                // NIO's pipeline handler may deliver the next request from inside this write.
+                context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+            case .writeAndHold:
+                context.flush()
+            case .writeAndClose:
+                context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+                self.closeAfterFlush(context: context)
+            case .discard:
+                break
+            }
+        }
+    }
+
+    private func writeEnd(close: Bool, context: ChannelHandlerContext) {
+        self.writing = true
+        context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+        self.writing = false
         if close {
-            buffer.writeStaticString("\r\nConnection: close")
-        } else if keepAliveHeader {
-            buffer.writeStaticString("\r\nConnection: keep-alive")
+            self.closeAfterFlush(context: context)
+        } else if let (reply, requestID) = self.waitingReply {
+            self.waitingReply = nil
+            self.replyReady(reply, requestID: requestID)
         }
-        for field in reply.headers where field.name != .contentType {
-            buffer.writeStaticString("\r\n")
-            buffer.writeString(field.name.canonicalName)
-            buffer.writeStaticString(": ")
-            buffer.writeString(field.value)
-        }
-        buffer.writeStaticString("\r\n\r\n")
-        var body = reply.body
-        buffer.writeBuffer(&body)
-        return buffer
+    }
+
+    /// Shuts the output down once everything written is flushed (the client gets every reply and then end of
+    /// input), then closes. The closing state's deadline closes at once if the client never takes the bytes.
+    private func closeAfterFlush(context: ChannelHandlerContext) {
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        promise.futureResult.whenComplete { _ in bound.value.close(promise: nil) }
+        context.close(mode: .output, promise: promise)
     }
 
     // MARK: Deadlines
 
-    private func arm(_ context: ChannelHandlerContext, _ timeout: TimeAmount) {
-        let now = NIODeadline.now()
-        self.deadline = now + timeout
-        if self.timer == nil { self.schedule(context, now: now) }
-    }
-
-    /// The timer fires at the deadline or after the shorter timeout, whichever comes first. Every deadline is at
-    /// least the shorter timeout away when it is set, so the timer is never late for one and a request never
-    /// has to move it: one scheduled task per connection per `min(requestTimeout, idleTimeout)`, not two per
-    /// request.
-    private func schedule(_ context: ChannelHandlerContext, now: NIODeadline) {
-        guard let deadline = self.deadline else { return }  // working on a request: no deadline until it is answered
-        let shorter = self.requestTimeout < self.idleTimeout ? self.requestTimeout : self.idleTimeout
+    /// Makes sure the timer fires by the state's deadline. The timer fires at the deadline or after the
+    /// shortest timeout, whichever comes first; every deadline is at least that far away when it is set, so a
+    /// timer already scheduled is never late and a request never has to move it.
+    private func rearm(_ context: ChannelHandlerContext) {
+        guard self.timer == nil, let deadline = self.machine.deadline else { return }
+        let timeouts = self.machine.timeouts
+        let shortest = min(timeouts.request, timeouts.idle, timeouts.write)
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        self.timer = context.eventLoop.scheduleTask(deadline: min(deadline, now + shorter)) {
+        self.timer = context.eventLoop.scheduleTask(deadline: min(deadline, context.eventLoop.now + shortest)) {
             let (handler, context) = bound.value
             handler.timer = nil
-            let now = NIODeadline.now()
-            if let deadline = handler.deadline, deadline <= now {
-                context.close(promise: nil)
-            } else {
-                handler.schedule(context, now: now)
-            }
+            let action = handler.machine.timerFired(now: context.eventLoop.now)
+            handler.perform(action, context: context)
+            handler.rearm(context)
         }
     }
+}
 
-    private func disarm() {
-        self.timer?.cancel()
-        self.timer = nil
-        self.deadline = nil
+extension Reply {
+    /// The response head: status, `Content-Type` (JSON unless the reply names another), `Content-Length` (the
+    /// body's, also for HEAD), `X-Request-Id`, `Date`, `Connection: close` when the connection ends after it
+    /// (`keep-alive` for an HTTP/1.0 client that asked), then the reply's own headers.
+    func head(requestID: String, close: Bool, keepAlive: Bool) -> HTTPResponseHead {
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(6 + self.headers.count)
+        headers.add(name: "Content-Type", value: self.headers[.contentType] ?? "application/json")
+        headers.add(name: "Content-Length", value: String(self.body.readableBytes))
+        headers.add(name: "X-Request-Id", value: requestID)
+        headers.add(name: "Date", value: HTTPDate.now())
+        if close {
+            headers.add(name: "Connection", value: "close")
+        } else if keepAlive {
+            headers.add(name: "Connection", value: "keep-alive")
+        }
+        for field in self.headers where field.name != .contentType {
+            headers.add(name: field.name.canonicalName, value: field.value)
+        }
+        return HTTPResponseHead(
+            version: .http1_1,
+            status: HTTPResponseStatus(statusCode: Int(self.status.code), reasonPhrase: self.status.reasonPhrase),
+            headers: headers)
     }
 }

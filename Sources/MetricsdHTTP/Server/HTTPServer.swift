@@ -6,43 +6,47 @@ import NIOPosix
 
 /// The HTTP/1.1 server of the API: the daemon serves it, and so do the HTTP test suites.
 ///
-/// HummingbirdCore's server (bootstrap, connection limit, graceful quiescing as a `Service`), NIO's HTTP/1
-/// request decoder, and `HTTPConnectionHandler`, which hands every request to the one ``APIDispatcher`` and writes
-/// the replies (keep-alive, deadlines for slow clients, closing on shutdown).
+/// HummingbirdCore's server (bootstrap, graceful quiescing as a `Service`, a task per connection), NIO's HTTP/1
+/// server pipeline (`configureHTTPServerPipeline`: decoder, encoder, pipelining order, half-close, HEAD framing,
+/// parse errors), and ``HTTPConnectionHandler``, which hands every request to the one ``APIDispatcher`` and writes
+/// the replies with back-pressure and a deadline in every state.
 ///
 /// - Parameters:
 ///   - endpoints: what the server answers.
 ///   - credentials: the token checks of `.user` and `.admin` endpoints (replaced on reload).
 ///   - inFlight: requests in flight, shared by every listener of the process; beyond `maxInFlight` a request
 ///     gets an immediate 503.
+///   - maxConnections: connections beyond it are accepted, answered 503 and closed at once (a client learns at
+///     once; nothing waits in a queue).
 ///   - onServerRunning: called once the listener is bound, with its channel (for the bound address).
 package func buildHTTPServer(
     endpoints: [Endpoint], credentials: CredentialBox, inFlight: InFlightCounter, maxInFlight: Int,
-    requestLog: RequestLog, address: ListenAddress, requestTimeout: TimeAmount, idleTimeout: TimeAmount,
+    requestLog: RequestLog, address: ListenAddress, timeouts: HTTPTimeouts,
     maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
 ) -> Server<MetricsdHTTPChannel> {
     let dispatcher = APIDispatcher(
         endpoints: endpoints, credentials: credentials, inFlight: inFlight, maxInFlight: maxInFlight,
         requestLog: requestLog, logger: logger)
-    let channel = MetricsdHTTPChannel(dispatcher: dispatcher, requestTimeout: requestTimeout, idleTimeout: idleTimeout)
+    let channel = MetricsdHTTPChannel(
+        dispatcher: dispatcher, timeouts: timeouts, connections: maxConnections.map { ConnectionLimit($0) })
     let configuration = ServerConfiguration(
-        address: .hostname(address.host, port: address.port), serverName: nil, reuseAddress: true,
-        availableConnectionsDelegate: maxConnections.map { MaximumConnections($0) })
+        address: .hostname(address.host, port: address.port), serverName: nil, reuseAddress: true)
     return Server(
         childChannelSetup: channel, configuration: configuration, onServerRunning: onServerRunning,
         eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: logger)
 }
 
-/// One HTTP/1.1 connection's pipeline (see ``buildHTTPServer``).
+/// One HTTP/1.1 connection's pipeline and task (see ``buildHTTPServer``).
 package struct MetricsdHTTPChannel: ServerChildChannel {
-    /// A connection whose requests are answered by its handlers.
+    /// A connection: its channel, and the worker its task runs.
     package struct Connection: ServerChildChannelValue {
         package let channel: any Channel
+        let worker: ConnectionWorker
     }
 
     let dispatcher: APIDispatcher
-    let requestTimeout: TimeAmount
-    let idleTimeout: TimeAmount
+    let timeouts: HTTPTimeouts
+    let connections: ConnectionLimit?
 
     /// Header limits of Hummingbird's default HTTP/1 configuration.
     private static let decoderLimits: NIOHTTPDecoderLimitConfiguration = {
@@ -56,38 +60,38 @@ package struct MetricsdHTTPChannel: ServerChildChannel {
 
     package func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Connection> {
         channel.eventLoop.makeCompletedFuture {
+            let worker = ConnectionWorker()
+            if let connections = self.connections, !connections.admit(channel) {
+                worker.finish()
+                try channel.pipeline.syncOperations.addHandler(ConnectionRefusal(deadline: self.timeouts.write))
+                return Connection(channel: channel, worker: worker)
+            }
+            // One read takes at most `readLimit` bytes: what a pipelining client can make the server parse and
+            // hold while a reply is pending (NIO's pipeline handler stops reading until it has ended).
+            let options = channel.syncOptions
+            try options?.setOption(
+                ChannelOptions.recvAllocator,
+                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: HTTPConnectionHandler.readLimit))
+            try options?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
             let pipeline = channel.pipeline.syncOperations
-            try pipeline.addHandler(ByteToMessageHandler(HTTPRequestDecoder(limitConfiguration: Self.decoderLimits)))
+            try pipeline.configureHTTPServerPipeline(
+                withPipeliningAssistance: true, withErrorHandling: false, withEncoderConfiguration: .init(),
+                withDecoderLimitConfiguration: Self.decoderLimits)
             try pipeline.addHandler(
                 HTTPConnectionHandler(
-                    dispatcher: self.dispatcher, requestTimeout: self.requestTimeout, idleTimeout: self.idleTimeout))
-            return Connection(channel: channel)
+                    dispatcher: self.dispatcher, worker: worker, timeouts: self.timeouts, now: channel.eventLoop.now))
+            return Connection(channel: channel, worker: worker)
         }
     }
 
-    /// The connection is served by its handlers on its event loop; this task only waits for it to close (and
-    /// closes it when the server's task is cancelled).
+    /// The connection's task: runs its worker's jobs until the connection closes; cancelled (server torn down),
+    /// it closes the connection.
     package func handle(value: Connection, logger: Logger) async {
         let channel = value.channel
         await withTaskCancellationHandler {
-            try? await channel.closeFuture.get()
+            await value.worker.run()
         } onCancel: {
             channel.close(promise: nil)
         }
     }
-}
-
-/// Stops accepting new connections while `limit` are open (they wait in the listen backlog), so a connection
-/// flood cannot exhaust file descriptors or memory.
-struct MaximumConnections: AvailableConnectionsDelegate {
-    let limit: Int
-    private var open = 0
-
-    init(_ limit: Int) {
-        self.limit = limit
-    }
-
-    mutating func connectionOpened() { self.open += 1 }
-    mutating func connectionClosed() { self.open -= 1 }
-    func isAcceptingNewConnections() -> Bool { self.open < self.limit }
 }
