@@ -234,10 +234,10 @@ final class TestConnection {
         let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: String(repeating: "s", count: 32)))
         let state = self.endpointsState
         let endpoints = [
-            Endpoint(.get, "/healthz", access: .open, .immediate { _ in .json(#"{"status":"ok"}"#) }),
-            Endpoint(.get, "/later", access: .open, .callback { _, done in state.pending.withLock { $0.append(done) } }),
-            Endpoint(.post, "/echo", access: .open, .immediate { request in Reply(body: Reply.line(String(buffer: request.body))) }),
-            Endpoint(.post, "/count", access: .open, .immediate { _ in
+            Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
+            Endpoint(.get, "/later", access: .open, caching: .noStore, .callback { _, done in state.pending.withLock { $0.append(done) } }),
+            Endpoint(.post, "/echo", access: .open, caching: .noStore, .immediate { request in Reply(body: Reply.line(String(buffer: request.body))) }),
+            Endpoint(.post, "/count", access: .open, caching: .noStore, .immediate { _ in
                 state.counted.withLock { $0 += 1 }
                 return .json("{}")
             }),

@@ -64,7 +64,7 @@ public enum HTTPEndpoints: Sendable {
 /// `GET /metrics`: the Prometheus text format.
 func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
     Endpoint(
-        .get, "/metrics", access: .open,
+        .get, "/metrics", access: .open, caching: .noStore,
         .immediate { _ in
             var buffer: [UInt8] = []
             buffer.reserveCapacity(16 * 1024)

@@ -18,10 +18,10 @@ package struct AdminController {
 
     var endpoints: [Endpoint] {
         [
-            Endpoint(.post, "/v1/admin/recompute", access: .admin, .async(self.trigger)),
-            Endpoint(.get, "/v1/admin/recompute", access: .admin, .async(self.list)),
-            Endpoint(.get, "/v1/admin/recompute/{id}", access: .admin, .async(self.show)),
-            Endpoint(.post, "/v1/admin/recompute/{id}/cancel", access: .admin, .async(self.cancel)),
+            Endpoint(.post, "/v1/admin/recompute", access: .admin, caching: .noStore, .async(self.trigger)),
+            Endpoint(.get, "/v1/admin/recompute", access: .admin, caching: .noStore, .async(self.list)),
+            Endpoint(.get, "/v1/admin/recompute/{id}", access: .admin, caching: .noStore, .async(self.show)),
+            Endpoint(.post, "/v1/admin/recompute/{id}/cancel", access: .admin, caching: .noStore, .async(self.cancel)),
         ]
     }
 

@@ -10,9 +10,9 @@ struct HealthController {
     var endpoints: [Endpoint] {
         let store = self.store
         return [
-            Endpoint(.get, "/healthz", access: .open, .immediate { _ in .json(#"{"status":"ok"}"#) }),
+            Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
             Endpoint(
-                .get, "/readyz", access: .open,
+                .get, "/readyz", access: .open, caching: .noStore,
                 .async { _ in
                     let readiness = await store.readiness()
                     return .json(
@@ -24,7 +24,7 @@ struct HealthController {
                         ]), status: readiness.isReady ? .ok : .serviceUnavailable)
                 }),
             Endpoint(
-                .get, "/openapi.yaml", access: .open,
+                .get, "/openapi.yaml", access: .open, caching: .revalidate,
                 .immediate { _ in Reply(headers: [.contentType: "application/yaml"], body: Self.document) }),
         ]
     }

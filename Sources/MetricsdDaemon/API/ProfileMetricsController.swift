@@ -16,8 +16,8 @@ struct ProfileMetricsController {
 
     var endpoints: [Endpoint] {
         [
-            Endpoint(.get, "/v1/profile/metrics/today", access: .user, .callback(self.today)),
-            Endpoint(.post, "/v1/profile/metrics/acknowledge", access: .user, .async(self.acknowledge)),
+            Endpoint(.get, "/v1/profile/metrics/today", access: .user, caching: .personal, .callback(self.today)),
+            Endpoint(.post, "/v1/profile/metrics/acknowledge", access: .user, caching: .noStore, .async(self.acknowledge)),
         ]
     }
 

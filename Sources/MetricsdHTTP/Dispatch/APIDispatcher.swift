@@ -106,7 +106,9 @@ final class APIDispatcher: Sendable {
         let request = EndpointRequest(
             head: head, body: body, parameter: parameter, requestID: requestID, userID: user,
             eventLoop: connection.eventLoop, logger: self.logger)
-        let done = Done(dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: route, request: request)
+        let done = Done(
+            dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: route,
+            request: request, caching: endpoint.caching, ifNoneMatch: fields.ifNoneMatch)
         switch endpoint.handler {
         case .immediate(let handle):
             let reply: Reply
@@ -165,23 +167,30 @@ final class APIDispatcher: Sendable {
         let finish: NIOLoopBound<Finish>
         let route: String
         let request: EndpointRequest
+        let caching: CachePolicy
+        let ifNoneMatch: [String]?
 
         func callAsFunction(_ reply: Reply) {
             let eventLoop = self.finish.eventLoop
             if eventLoop.inEventLoop {
                 self.dispatcher.inFlight.leave()
-                self.finish.value(reply, route: self.route, userID: self.request.userID)
+                self.finish.value(
+                    reply, route: self.route, userID: self.request.userID, caching: self.caching,
+                    ifNoneMatch: self.ifNoneMatch)
             } else {
                 eventLoop.execute {
                     self.dispatcher.inFlight.leave()
-                    self.finish.value(reply, route: self.route, userID: self.request.userID)
+                    self.finish.value(
+                        reply, route: self.route, userID: self.request.userID, caching: self.caching,
+                        ifNoneMatch: self.ifNoneMatch)
                 }
             }
         }
     }
 
-    /// Completes a request: metrics, the request log line, then the connection's writer (which adds the common
-    /// headers as it writes the reply).
+    /// Completes a request: its caching headers (and a `304` for a matching `If-None-Match`, ``CachePolicy``),
+    /// metrics, the request log line, then the connection's writer (which adds the common headers as it writes the
+    /// reply). Replies that never reached an endpoint (404, 405, 413, 503 shed) are errors: never stored.
     private struct Finish {
         let dispatcher: APIDispatcher
         let method: HTTPRequest.Method
@@ -189,7 +198,11 @@ final class APIDispatcher: Sendable {
         let started: ContinuousClock.Instant
         let completion: (Reply, String) -> Void
 
-        func callAsFunction(_ reply: Reply, route: String, userID: Int64?) {
+        func callAsFunction(
+            _ reply: Reply, route: String, userID: Int64?, caching: CachePolicy = .noStore, ifNoneMatch: [String]? = nil
+        ) {
+            var reply = reply
+            caching.prepare(&reply, method: self.method, ifNoneMatch: ifNoneMatch)
             let status = reply.status.code
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(

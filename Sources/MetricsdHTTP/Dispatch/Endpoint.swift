@@ -44,12 +44,18 @@ package struct Endpoint: Sendable {
     /// The path template, `{name}` for a parameter segment. Also the `route` of the request log and metrics.
     let route: String
     let access: Access
+    /// How its successful replies may be cached (errors are never stored), and whether they carry an `ETag`
+    /// and answer `If-None-Match` with `304`.
+    let caching: CachePolicy
     let handler: Handler
 
-    package init(_ method: HTTPRequest.Method, _ route: String, access: Access, _ handler: Handler) {
+    package init(
+        _ method: HTTPRequest.Method, _ route: String, access: Access, caching: CachePolicy, _ handler: Handler
+    ) {
         self.method = method
         self.route = route
         self.access = access
+        self.caching = caching
         self.handler = handler
     }
 }

@@ -61,6 +61,8 @@ extension APIDispatcher {
 struct RequestFields {
     var authorization: String?
     var requestID: String?
+    /// The `If-None-Match` field lines, when there are any (nil otherwise: no allocation for the usual request).
+    var ifNoneMatch: [String]?
 
     init(_ headers: HTTPHeaders) {
         for (name, value) in headers {
@@ -68,6 +70,8 @@ struct RequestFields {
                 self.authorization = self.authorization.map { $0 + ", " + value } ?? value
             } else if Self.equalsIgnoringCase(name, "x-request-id") {
                 self.requestID = self.requestID.map { $0 + ", " + value } ?? value
+            } else if Self.equalsIgnoringCase(name, "if-none-match") {
+                self.ifNoneMatch = (self.ifNoneMatch ?? []) + [value]
             }
         }
     }

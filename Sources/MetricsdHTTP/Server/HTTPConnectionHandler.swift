@@ -222,13 +222,17 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
 extension Reply {
     /// The response head: status, `Content-Type` (JSON unless the reply names another), `Content-Length` (the
-    /// body's, also for HEAD), `X-Request-Id`, `Date`, `Connection: close` when the connection ends after it
+    /// body's, also for HEAD; neither for a 304), `X-Request-Id`, `Date`, `Connection: close` when the connection
+    /// ends after it
     /// (`keep-alive` for an HTTP/1.0 client that asked), then the reply's own headers.
     func head(requestID: String, close: Bool, keepAlive: Bool) -> HTTPResponseHead {
         var headers = HTTPHeaders()
         headers.reserveCapacity(6 + self.headers.count)
-        headers.add(name: "Content-Type", value: self.headers[.contentType] ?? "application/json")
-        headers.add(name: "Content-Length", value: String(self.body.readableBytes))
+        // A 304 has no content: neither its type nor a length (which would have to be the 200's, RFC 9110 §8.6).
+        if self.status != .notModified {
+            headers.add(name: "Content-Type", value: self.headers[.contentType] ?? "application/json")
+            headers.add(name: "Content-Length", value: String(self.body.readableBytes))
+        }
         headers.add(name: "X-Request-Id", value: requestID)
         headers.add(name: "Date", value: HTTPDate.now())
         if close {

@@ -1,0 +1,85 @@
+/// A request's `If-None-Match` (RFC 9110 §13.1.2): `*` or a list of entity tags.
+///
+/// A field that does not parse as either is ignored, as if absent: the request gets the full reply, never a
+/// `304` the client did not ask for. Several field lines are one comma-separated list.
+package enum IfNoneMatch: Equatable, Sendable {
+    /// `*`: any current representation matches.
+    case any
+    /// The listed tags (at least one).
+    case tags([EntityTag])
+
+    /// The condition of the request's field lines; nil when there is none or it is malformed.
+    package init?<Lines: Sequence>(fieldLines: Lines) where Lines.Element: StringProtocol {
+        var tags: [EntityTag] = []
+        var sawAny = false
+        var sawLine = false
+        for line in fieldLines {
+            sawLine = true
+            guard let parsed = Self.parse(Substring(line)) else { return nil }
+            switch parsed {
+            case .any: sawAny = true
+            case .tags(let more): tags.append(contentsOf: more)
+            }
+        }
+        guard sawLine else { return nil }
+        if sawAny {
+            // `*` is only valid alone.
+            guard tags.isEmpty else { return nil }
+            self = .any
+        } else {
+            guard !tags.isEmpty else { return nil }
+            self = .tags(tags)
+        }
+    }
+
+    /// Whether the condition is false for a representation with this tag, so that a GET or HEAD is answered
+    /// `304 Not Modified`: `*`, or a listed tag that weakly matches.
+    package func matches(_ current: EntityTag) -> Bool {
+        switch self {
+        case .any: return true
+        case .tags(let tags): return tags.contains { $0.weaklyMatches(current) }
+        }
+    }
+
+    /// One field line: `*`, or `#entity-tag` (empty list elements allowed, as RFC 9110 §5.6.1 says).
+    private static func parse(_ line: Substring) -> IfNoneMatch? {
+        let trimmed = line.trimmingOWS()
+        if trimmed == "*" { return .any }
+        var tags: [EntityTag] = []
+        var rest = trimmed
+        while true {
+            rest = rest.trimmingOWS()
+            if rest.isEmpty { break }
+            if rest.first == "," {
+                rest = rest.dropFirst()
+                continue
+            }
+            var isWeak = false
+            if rest.hasPrefix("W/") {
+                isWeak = true
+                rest = rest.dropFirst(2)
+            }
+            guard rest.first == "\"" else { return nil }
+            let afterQuote = rest.dropFirst()
+            guard let close = afterQuote.firstIndex(of: "\"") else { return nil }
+            let opaque = afterQuote[..<close]
+            // etagc = %x21 / %x23-7E / obs-text
+            guard opaque.utf8.allSatisfy({ $0 == 0x21 || (0x23...0x7E).contains($0) || $0 >= 0x80 }) else { return nil }
+            tags.append(EntityTag(opaque: opaque, isWeak: isWeak))
+            rest = afterQuote[afterQuote.index(after: close)...].trimmingOWS()
+            if rest.isEmpty { break }
+            guard rest.first == "," else { return nil }
+        }
+        return tags.isEmpty ? nil : .tags(tags)
+    }
+}
+
+extension Substring {
+    /// Without leading and trailing spaces and tabs (HTTP's optional whitespace).
+    fileprivate func trimmingOWS() -> Substring {
+        var slice = self
+        while let first = slice.first, first == " " || first == "\t" { slice = slice.dropFirst() }
+        while let last = slice.last, last == " " || last == "\t" { slice = slice.dropLast() }
+        return slice
+    }
+}
