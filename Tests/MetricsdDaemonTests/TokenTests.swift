@@ -215,6 +215,40 @@ import Testing
         }
     }
 
+    /// A secret besides the public key keeps HS256 accepted (whoever reads the secret can mint tokens);
+    /// `METRICSD_JWT_HS256=off` leaves the secret unread, so only the key's algorithm is accepted.
+    @Test func hs256OffVerifiesWithThePublicKeyOnly() async throws {
+        let key = try await AsymmetricKey.ed25519()
+        let path = try scratchFile("jwt-public-key.pem", key.publicPEM)
+        let secretFile = DaemonProcess.secrets.directory + "/jwt-secret"
+        let both = try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path])
+        #expect(try await TokenVerifier(both).acceptedAlgorithms == ["EdDSA", "HS256"])
+        let keyOnly = try TokenConfiguration(
+            environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": "off"])
+        #expect(keyOnly.hmacSecret == nil)
+        #expect(try await TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
+        #expect(throws: ConfigurationError.self) {
+            try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "off"])
+        }
+        #expect(throws: ConfigurationError.self) {
+            try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "maybe"])
+        }
+
+        try await withTestDatabase { database in
+            try await database.seed([.valid(Self.user)])
+            let hsToken = Self.hs256(Self.valid)
+            for (hs256, expected) in [("on", 200), ("off", 401)] {
+                let daemon = try await DaemonProcess.start(
+                    database: database, extra: ["METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": hs256])
+                let keyed = try await daemon.send(Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
+                #expect(keyed.status == 200, "HS256 \(hs256): \(keyed)")
+                let hs = try await daemon.send(Self.today, headers: TestTokens.bearer(hsToken))
+                #expect(hs.status == expected, "HS256 \(hs256): \(hs)")
+                await daemon.stop()
+            }
+        }
+    }
+
     // MARK: Time
 
     /// Time-relative tokens are minted just before each request (`claims` gets the current time), so a slow,
