@@ -368,6 +368,45 @@ import Testing
         }
     }
 
+    /// A numeric subject is an integer literal: no fraction or exponent, even one that denotes an integer
+    /// (`1e3`) or rounds to one as a Double (`1.0000000000000001`). The same subject written as digits is
+    /// accepted on both readers (the plain one, and the decoder a string escape elsewhere sends it to).
+    @Test func numericSubjectIsAnIntegerLiteralOnly() async throws {
+        let later = SignedTokens.now + 3600
+        let user = Self.user
+        let refused = [
+            ("rounds to the user", #"{"sub":\#(user).0000000000000001,"exp":\#(later)}"#),
+            ("fraction zero", #"{"sub":\#(user).0,"exp":\#(later)}"#),
+            ("exponent", #"{"sub":\#(user)e0,"exp":\#(later)}"#),
+            ("exponent to the user", #"{"sub":\#(user * 10)E-1,"exp":\#(later)}"#),
+            ("exponent with an escape elsewhere", #"{"sub":\#(user)e0,"exp":\#(later),"n":"\u0041"}"#),
+            ("1e3", #"{"sub":1e3,"exp":\#(later)}"#),
+            ("negative zero exponent", #"{"sub":\#(user)e-0,"exp":\#(later)}"#),
+        ]
+        let accepted = [
+            ("digits", #"{"sub":\#(user),"exp":\#(later)}"#),
+            ("digits with an escape elsewhere", #"{"sub":\#(user),"exp":\#(later),"n":"\u0041"}"#),
+            ("digits, spaced", #"{ "sub" : \#(user) , "exp" : \#(later) }"#),
+            ("escaped name", #"{"s\u0075b":\#(user),"exp":\#(later)}"#),
+        ]
+        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        for (name, payload) in refused {
+            do {
+                let userID = try verifier.verify(Substring(Self.raw(payload: payload)))
+                Issue.record("\(name): accepted as user \(userID)")
+            } catch {
+                #expect(error.message == "token subject is not a user id", "\(name): \(error.message)")
+            }
+        }
+        for (name, payload) in accepted {
+            #expect((try? verifier.verify(Substring(Self.raw(payload: payload)))) == user, "\(name)")
+        }
+        try await Self.serve { port in
+            try await Self.expect(port, refused.map { ($0.0, Self.raw(payload: $0.1)) }, status: 401)
+            try await Self.expect(port, accepted.map { ($0.0, Self.raw(payload: $0.1)) }, status: 200)
+        }
+    }
+
     // MARK: Admin and user tokens
 
     @Test func adminAndUserTokensAreNeverInterchangeable() async throws {
