@@ -316,8 +316,8 @@ func bearerToken(_ header: String?) throws(AppError) -> Substring {
 
 /// The endpoints by method and path.
 ///
-/// Paths are compared segment by segment (empty segments ignored, the query string dropped); `{name}` matches
-/// any one segment. A path that exists with other methods is a 405 naming them.
+/// Paths are compared segment by segment (the query string dropped); `{name}` matches any one segment. A path
+/// with an empty or dot segment is not routed (404). A path that exists with other methods is a 405 naming them.
 struct RouteTable: Sendable {
     enum Match {
         case found(Endpoint, parameter: Substring?)
@@ -361,8 +361,9 @@ struct RouteTable: Sendable {
     func match(method: HTTPRequest.Method, path target: String) -> Match {
         let path = target.utf8.contains(UInt8(ascii: "?")) ? String(target[..<target.firstIndex(of: "?")!]) : target
         if let entry = self.exact[path] { return Self.pick(method, entry, parameter: nil) }
-        let segments = path.split(separator: "/")
-        if let entry = self.exact["/" + segments.joined(separator: "/")] { return Self.pick(method, entry, parameter: nil) }
+        // Canonical paths only (an empty or dot segment is a 404): a proxy rule guarding `/v1/admin/` sees every way in.
+        let segments = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+        guard path.hasPrefix("/"), !segments.contains(where: { $0.isEmpty || $0 == "." || $0 == ".." }) else { return .notFound }
         for entry in self.parameterised where entry.segments.count == segments.count {
             var parameter: Substring?
             let matches = zip(entry.segments, segments).enumerated().allSatisfy { index, pair in
