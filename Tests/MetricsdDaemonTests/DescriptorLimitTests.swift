@@ -1,5 +1,7 @@
 import Foundation
 import Glibc
+import HTTPTypes
+import HummingbirdTesting
 import MetricsdCLI
 import MetricsdTestSupport
 import Testing

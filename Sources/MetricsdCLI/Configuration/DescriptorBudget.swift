@@ -71,7 +71,7 @@ public struct DescriptorBudget: Sendable, Equatable {
         return (Self.clamp(limit.rlim_cur), Self.clamp(limit.rlim_max))
     }
 
-    /// Raises the soft limit to the hard limit (capped at the kernel's `fs.nr_open` when the hard limit is
+    /// Raises the soft limit to the hard limit (`rlim_t.max` is RLIM_INFINITY; capped at the kernel's `fs.nr_open` when the hard limit is
     /// unlimited) and returns the limits then in force. The daemon starts no other program, so nothing inherits
     /// the raised limit (programs that still use `select()` need descriptors below 1,024).
     @discardableResult
@@ -79,8 +79,8 @@ public struct DescriptorBudget: Sendable, Equatable {
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return Self.limit() }
         var target = limit.rlim_max
-        if target == RLIM_INFINITY { target = rlim_t(Self.kernelMaximum()) }
-        if limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < target {
+        if target == rlim_t.max { target = rlim_t(Self.kernelMaximum()) }
+        if limit.rlim_cur != rlim_t.max && limit.rlim_cur < target {
             limit.rlim_cur = target
             _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         }
@@ -88,7 +88,7 @@ public struct DescriptorBudget: Sendable, Equatable {
     }
 
     private static func clamp(_ value: rlim_t) -> Int {
-        value == RLIM_INFINITY || value > rlim_t(Int.max) ? Self.kernelMaximum() : Int(value)
+        value == rlim_t.max || value > rlim_t(Int.max) ? Self.kernelMaximum() : Int(value)
     }
 
     /// `/proc/sys/fs/nr_open`, the most descriptors a process may have (1,048,576 by default).

@@ -84,6 +84,7 @@ public enum Documentation {
     /// `systemd/metricsd.env.example`, installed as `/etc/metricsd/metricsd.env`: every operator setting, commented
     /// out at its default, with its meaning.
     public static func environmentFileExample() -> String {
+        let secretSettings = SettingsCatalog.secretSettings.map(\.name).joined(separator: " or ")
         var lines = [
             "# /etc/metricsd/metricsd.env - settings of metricsd: the service reads it (EnvironmentFile=), and so do",
             "# metricsd commands run by hand on this host (`sudo metricsd status`), for every variable not exported.",
@@ -102,7 +103,7 @@ public enum Documentation {
             "#   /etc/credstore/metricsd-jwt-secret     HS256 secret for end-user tokens (at least 32 bytes)",
             "#   /etc/credstore/metricsd-admin-token    admin bearer token (at least 16 characters)",
             "#   /etc/credstore/metricsd-db-password    database password (optional; enable its line in the unit)",
-            "# So no password in DATABASE_URL, no PGPASSWORD, and not \(SettingsCatalog.secretSettings.map(\.name).joined(separator: \" or \"))",
+            "# So no password in DATABASE_URL, no PGPASSWORD, and not \(secretSettings)",
             "# (development only): metricsd check-config and the service's start-up warn about each of them.",
             "# Check everything with: sudo metricsd check-config",
         ]
