@@ -34,11 +34,14 @@ let package = Package(
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
 
+        // The one masking rule for passwords and secrets in any text metricsd shows. No dependencies.
+        .target(name: "MetricsdMasking", swiftSettings: swiftSettings),
+
         // Adapters.
         .target(
             name: "MetricsdPostgres",
             dependencies: [
-                "CLibPQ", "HealthMetrics",
+                "CLibPQ", "HealthMetrics", "MetricsdMasking",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -51,7 +54,7 @@ let package = Package(
         .target(
             name: "MetricsdSystemd",
             dependencies: [
-                "CSystemd",
+                "CSystemd", "MetricsdMasking",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -110,7 +113,7 @@ let package = Package(
         .target(
             name: "MetricsdCLI",
             dependencies: [
-                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdSystemd",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -128,6 +131,7 @@ let package = Package(
         // One test target per library module. The PostgreSQL, daemon and CLI suites run against the real server that
         // scripts/test starts (and the built binary); the HTTP suites need no database.
         .testTarget(name: "HealthMetricsTests", dependencies: ["HealthMetrics"], swiftSettings: swiftSettings),
+        .testTarget(name: "MetricsdMaskingTests", dependencies: ["MetricsdMasking"], swiftSettings: swiftSettings),
         // The service manager's side of sd_notify, shared by the test targets.
         .target(name: "NotifyTestSupport", path: "Tests/NotifyTestSupport", swiftSettings: swiftSettings),
         // Test databases and clusters, the built daemon as a process, raw HTTP, JWT signing, invariants.
@@ -202,7 +206,7 @@ let package = Package(
         .testTarget(
             name: "MetricsdCLITests",
             dependencies: [
-                "MetricsdCLI", "MetricsdTestSupport",
+                "MetricsdCLI", "MetricsdPostgres", "MetricsdTestSupport",
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
             ],

@@ -1,100 +1,6 @@
 internal import CLibPQ
 import Glibc
-
-/// How to reach PostgreSQL: a libpq connection string or URI, plus the few defaults metricsd adds.
-///
-/// An empty `conninfo` means libpq's own defaults and the `PG*` environment (`PGHOST`, `PGSERVICE`,
-/// `PGSSLMODE`, `.pgpass` …) exactly as psql would use them. metricsd only adds `application_name=metricsd`,
-/// `connect_timeout=5`, TCP keepalives, `tcp_user_timeout=30000` and `options=-c jit=off`, each placed *before* the
-/// connection string so that anything the operator wrote wins, and each left out when its `PG*` variable is set.
-///
-/// Nothing waits forever on the server: connecting gives up after `connect_timeout` (per host of a multi-host
-/// string), a dead peer is noticed by keepalives and `tcp_user_timeout`, and every statement has a client-side
-/// deadline (`statementDeadlineSeconds`): a statement without an answer by then is cancelled and its connection
-/// dropped. That last one also covers a `COMMIT` that waits for a synchronous standby that is not there (a promoted
-/// standby that inherited `synchronous_standby_names`), which neither `statement_timeout` nor keepalives end.
-public struct ConnectionSettings: Sendable {
-    public let conninfo: String
-    /// How long one statement may go without an answer before it is cancelled and the connection dropped
-    /// (nil, the default here: no limit). The daemon and CLI set `METRICSD_DB_STATEMENT_DEADLINE_SECONDS` (30 s);
-    /// migrations lift it for their own statements.
-    public var statementDeadlineSeconds: Double?
-    /// Password from a systemd credential (`$CREDENTIALS_DIRECTORY/db-password`); overrides the string's.
-    public let password: String?
-    let defaults: [(String, String)]
-
-    /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`.
-    public init(conninfo: String, password: String? = nil, environment: [String: String]) throws(PostgresError) {
-        if !conninfo.isEmpty {
-            var errorMessage: UnsafeMutablePointer<CChar>?
-            if let options = PQconninfoParse(conninfo, &errorMessage) {
-                defer { PQconninfoFree(options) }
-                var option = options
-                while let keyword = option.pointee.keyword {
-                    if let value = option.pointee.val {
-                        try Self.check(keyword: String(cString: keyword), value: String(cString: value))
-                    }
-                    option = option.advanced(by: 1)
-                }
-            } else {
-                let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
-                PQfreemem(errorMessage)
-                throw PostgresError(code: .badConnectionString, message: "DATABASE_URL is not valid: \(message)")
-            }
-        }
-        var defaults: [(String, String)] = []
-        if environment["PGAPPNAME"] == nil { defaults.append(("application_name", "metricsd")) }
-        if environment["PGCONNECT_TIMEOUT"] == nil { defaults.append(("connect_timeout", "5")) }
-        defaults += [("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3")]
-        // Data sent but not acknowledged for 30 s (a peer that vanished mid-statement): the connection is dead.
-        defaults.append(("tcp_user_timeout", "30000"))
-        // No JIT on metricsd's sessions: its statements are short, but the planner's estimate for the enqueue
-        // statement (thousands of zones × dates) is high enough that PostgreSQL JIT-compiles it on every tick,
-        // ~1–1.7 s of CPU for ~0.25 s of work. An `options` in the string or PGOPTIONS replaces this.
-        if environment["PGOPTIONS"] == nil { defaults.append(("options", "-c jit=off")) }
-        self.conninfo = conninfo
-        self.password = password
-        self.defaults = defaults
-    }
-
-    /// Values libpq would only reject when connecting: checked up front so that a typo is a configuration error
-    /// (one clear line, exit) instead of an endless "waiting for database".
-    private static func check(keyword: String, value: String) throws(PostgresError) {
-        func fail(_ expected: String) -> PostgresError {
-            PostgresError(
-                code: .badConnectionString, message: "DATABASE_URL is not valid: \(keyword) '\(value)' is not \(expected)")
-        }
-        switch keyword {
-        case "port":
-            let ports = value.split(separator: ",", omittingEmptySubsequences: false)
-            guard ports.allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) }) else {
-                throw fail("a port number (1–65535)")
-            }
-        case "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-            "tcp_user_timeout":
-            guard Int(value) != nil else { throw fail("an integer") }
-        case "sslmode":
-            guard ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(value) else {
-                throw fail("one of disable, allow, prefer, require, verify-ca, verify-full")
-            }
-        case "target_session_attrs":
-            guard ["any", "read-write", "read-only", "primary", "standby", "prefer-standby"].contains(value) else {
-                throw fail("one of any, read-write, read-only, primary, standby, prefer-standby")
-            }
-        default:
-            break
-        }
-    }
-
-    /// The keywords and values handed to `PQconnectdbParams` with `expand_dbname = 1`: defaults, then the
-    /// operator's string (expanded in place of `dbname`), then the credential password.
-    var parameters: [(String, String)] {
-        var parameters = self.defaults
-        parameters.append(("dbname", self.conninfo))
-        if let password { parameters.append(("password", password)) }
-        return parameters
-    }
-}
+import MetricsdMasking
 
 /// One libpq connection. Not thread-safe: the pool hands it to one thread-pool job at a time.
 public final class PostgresConnection: @unchecked Sendable {  // exclusive use is enforced by PostgresPool
@@ -106,6 +12,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     public let openedAt = ContinuousClock.now
     /// The client-side limit for one statement (see `ConnectionSettings.statementDeadlineSeconds`).
     public var statementDeadlineSeconds: Double?
+    /// The passwords this connection was given: masked in every error it makes from libpq's text.
+    private let mask: SecretMask
 
     /// Opens a connection (blocking; call from a thread-pool thread).
     public init(settings: ConnectionSettings) throws(PostgresError) {
@@ -119,12 +27,14 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         guard PQstatus(handle) == CONNECTION_OK else {
             let message = String(cString: PQerrorMessage(handle))
             PQfinish(handle)
-            // "too many clients" and "starting up" arrive here as text only: keep the SQLSTATE-like hint.
-            throw PostgresError(code: .connectionFailed, message: message)
+            // "too many clients" and "starting up" arrive here as text only: keep the SQLSTATE-like hint. libpq
+            // quotes host names, which a password with an unescaped "@" becomes part of: masked.
+            throw PostgresError(code: .connectionFailed, message: message, mask: settings.mask)
         }
         // Server notices ("relation … already exists, skipping") would go to stderr: drop them.
         PQsetNoticeProcessor(handle, { _, _ in }, nil)
         self.handle = handle
+        self.mask = settings.mask
         self.statementDeadlineSeconds = settings.statementDeadlineSeconds
         // A read-only server (a hot standby, or one set to default_transaction_read_only) cannot do metricsd's work:
         // refuse it here rather than fail every write on it. libpq already skips such hosts with
@@ -319,13 +229,13 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         if ready > 0 {
             guard PQconsumeInput(self.handle) == 1 else {
                 self.isBroken = true
-                throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)))
+                throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
             }
             notifications = self.drainNotifications()
         }
         if PQstatus(self.handle) != CONNECTION_OK {
             self.isBroken = true
-            throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)))
+            throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
         }
         return notifications
     }
@@ -348,7 +258,7 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
             self.isBroken = PQstatus(self.handle) != CONNECTION_OK
             throw PostgresError(
                 code: self.isBroken ? .connectionLost : .queryFailed,
-                message: String(cString: PQerrorMessage(self.handle)))
+                message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
         }
         switch PQresultStatus(result) {
         case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
@@ -362,7 +272,7 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
             // again; treat it as lost so the pool drops it and a retry reconnects (libpq picks the primary).
             let lost = PQstatus(self.handle) != CONNECTION_OK || sqlState == "25006"
             if lost { self.isBroken = true }
-            throw PostgresError(code: lost ? .connectionLost : .queryFailed, message: message, sqlState: sqlState)
+            throw PostgresError(code: lost ? .connectionLost : .queryFailed, message: message, sqlState: sqlState, mask: self.mask)
         }
     }
 

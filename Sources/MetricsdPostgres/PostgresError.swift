@@ -1,4 +1,9 @@
+import MetricsdMasking
+
 /// An error from PostgreSQL or from talking to it, with the server's SQLSTATE when there is one.
+///
+/// Its message never holds a password: every message goes through ``SecretMask`` when the error is made — the
+/// pattern rules always, and the known passwords of the connection it came from (``ConnectionSettings/mask``).
 public struct PostgresError: Error, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Base: String, Sendable {
@@ -26,15 +31,21 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
     }
 
     public let code: Code
-    /// The server's (or libpq's) message, one line.
+    /// The server's (or libpq's) message, one line, passwords masked.
     public let message: String
     /// The five-character SQLSTATE, e.g. `23505` (unique violation), `57P01` (admin shutdown).
     public let sqlState: String?
 
-    public init(code: Code, message: String, sqlState: String? = nil) {
+    /// - Parameter mask: the passwords to mask besides the patterns (those of the connection the error came from).
+    public init(code: Code, message: String, sqlState: String? = nil, mask: SecretMask = SecretMask()) {
         self.code = code
-        self.message = message.trimmingWhitespaceAndNewlines()
+        self.message = mask.apply(message.trimmingWhitespaceAndNewlines())
         self.sqlState = sqlState
+    }
+
+    /// This error with `mask`'s secrets masked too (for an error that crossed from another connection's code).
+    public func masked(by mask: SecretMask) -> PostgresError {
+        PostgresError(code: self.code, message: self.message, sqlState: self.sqlState, mask: mask)
     }
 
     public var description: String {

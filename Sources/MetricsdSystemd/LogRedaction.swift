@@ -1,11 +1,18 @@
 import Logging
+import MetricsdMasking
 
 /// Keeps secrets out of every log format: the one redaction step all of metricsd's log handlers apply.
 ///
-/// - A metadata key whose name contains (case-insensitively) `token`, `secret`, `password`, `authorization`,
-///   `credential`, `jwt` or `cookie` gets the value `[redacted]`, at any nesting depth.
-/// - In the message and in every other value, `Bearer <x>` becomes `Bearer [redacted]` and anything that looks like
-///   a JWT (three base64url segments separated by dots, the first starting with `eyJ`) becomes `[redacted-jwt]`.
+/// - A metadata key that names a secret gets the value `[redacted]`, at any nesting depth. A key names a secret
+///   when its name contains (case-insensitively) `token`, `secret`, `password`, `authorization`, `credential`,
+///   `jwt` or `cookie` — unless only an earlier part of a dotted key does and its last part names a property that
+///   is never secret (``describingKeyParts``: `metricsd.jwt.algorithms` is the list of accepted algorithms, not a
+///   JWT).
+/// - In the message and in every other value, `Bearer <x>` becomes `Bearer [redacted]`, anything that looks like
+///   a JWT (three base64url segments separated by dots, the first starting with `eyJ`) becomes `[redacted-jwt]`,
+///   and the connection-string rules of ``SecretPatterns`` apply (the password of `scheme://user:password@host`,
+///   the value of `password=…`, `…SECRET=…`, `…TOKEN=…` become `***`): the same rule that masks libpq's messages
+///   where they are made, here as a backstop.
 public enum LogRedaction {
     /// The value that replaces a sensitive metadata value or a bearer credential.
     public static let redacted = "[redacted]"
@@ -15,6 +22,12 @@ public enum LogRedaction {
 
     /// Parts of a metadata key that make its value secret.
     public static let sensitiveKeyParts = ["token", "secret", "password", "authorization", "credential", "jwt", "cookie"]
+
+    /// Last parts of a dotted key that describe a secret without holding it (`metricsd.jwt.algorithms`,
+    /// `metricsd.admin_token.source`): such a key is sensitive only when its last part itself names a secret.
+    public static let describingKeyParts = [
+        "algorithm", "algorithms", "source", "sources", "kind", "count", "length", "file", "path", "issuer", "audience",
+    ]
 
     /// A record's message and metadata with secrets removed.
     public static func redact(message: String, metadata: Logger.Metadata) -> (message: String, metadata: Logger.Metadata) {
@@ -35,22 +48,35 @@ public enum LogRedaction {
     public static func isSensitiveKey(_ key: String) -> Bool {
         var key = key
         return key.withUTF8 { bytes in
-            Self.sensitiveKeyBytes.contains { part in
-                guard bytes.count >= part.count else { return false }
-                return (0...(bytes.count - part.count)).contains { start in
-                    part.indices.allSatisfy { bytes[start + $0] | 0x20 == part[$0] }
-                }
+            guard Self.containsSensitivePart(bytes[...]) else { return false }
+            guard let dot = bytes.lastIndex(of: UInt8(ascii: ".")) else { return true }
+            let last = bytes[(dot + 1)...]
+            if Self.containsSensitivePart(last) { return true }
+            return !Self.describingKeyBytes.contains { part in
+                part.count == last.count && zip(part, last).allSatisfy { $0 == $1 | 0x20 }
+            }
+        }
+    }
+
+    private static func containsSensitivePart(_ bytes: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+        Self.sensitiveKeyBytes.contains { part in
+            guard bytes.count >= part.count else { return false }
+            return (bytes.startIndex...(bytes.endIndex - part.count)).contains { start in
+                part.indices.allSatisfy { bytes[start + $0] | 0x20 == part[$0] }
             }
         }
     }
 
     private static let sensitiveKeyBytes = sensitiveKeyParts.map { Array($0.utf8) }
+    private static let describingKeyBytes = describingKeyParts.map { Array($0.utf8) }
 
-    /// `text` with bearer credentials and JWTs replaced.
+    /// `text` with bearer credentials, JWTs and connection-string secrets replaced.
     public static func scrub(_ text: String) -> String {
         var text = text
         // Most values hold no secret: looked at in place, copied only when one may be there.
-        guard text.withUTF8({ Self.mayContainSecret($0) }) else { return text }
+        let (credential, pattern) = text.withUTF8 { (Self.mayContainSecret($0), SecretPatterns.mayContainSecret($0)) }
+        if pattern { text = SecretPatterns.apply(text) }
+        guard credential else { return text }
         let bytes = Array(text.utf8)
         var output = [UInt8]()
         output.reserveCapacity(bytes.count)

@@ -110,8 +110,9 @@ import Testing
             self.directory = try ConfigurationFileTests.directory("host")
             try FileManager.default.createDirectory(atPath: self.directory + "/credstore", withIntermediateDirectories: true)
             try ConfigurationFileTests.write(settings, to: self.directory + "/metricsd.env")
-            if let jwtSecret { try ConfigurationFileTests.write(jwtSecret + "\n", to: self.directory + "/credstore/metricsd-jwt-secret") }
-            if let adminToken { try ConfigurationFileTests.write(adminToken + "\n", to: self.directory + "/credstore/metricsd-admin-token") }
+            // Credentials as the README installs them: readable by their owner only.
+            if let jwtSecret { try ConfigurationFileTests.write(jwtSecret + "\n", to: self.directory + "/credstore/metricsd-jwt-secret", mode: 0o600) }
+            if let adminToken { try ConfigurationFileTests.write(adminToken + "\n", to: self.directory + "/credstore/metricsd-admin-token", mode: 0o600) }
         }
     }
 
@@ -259,13 +260,20 @@ import Testing
         #expect(committed == result.stdout, "\(path) is stale: run .build/debug/metricsd generate-docs \(document) > \(path)")
     }
 
-    /// Every operator setting is in metricsd.env.example, commented out at the catalog's default.
+    /// Every operator setting is in metricsd.env.example, commented out at the catalog's default; the settings whose
+    /// value is a secret are not (the file is world-readable), and the header says why.
     @Test func environmentExampleListsEverySettingWithItsDefault() throws {
         let text = try String(contentsOf: Self.root.appendingPathComponent("systemd/metricsd.env.example"), encoding: .utf8)
         let lines = Set(text.split(separator: "\n").map(String.init))
         for setting in SettingsCatalog.operatorSettings {
             #expect(lines.contains("#\(setting.name)=\(setting.defaultValue ?? "")"), "\(setting.name)")
         }
+        #expect(SettingsCatalog.secretSettings.map(\.name) == ["METRICSD_JWT_SECRET", "METRICSD_ADMIN_TOKEN"])
+        for setting in SettingsCatalog.secretSettings {
+            #expect(!text.contains("#\(setting.name)="), "\(setting.name) offered in a world-readable file")
+        }
+        #expect(text.contains("# SECRETS DO NOT BELONG IN THIS FILE. It is installed 0644"))
+        #expect(text.contains("# So no password in DATABASE_URL, no PGPASSWORD, and not METRICSD_JWT_SECRET or METRICSD_ADMIN_TOKEN"))
         // And the file parses as a settings file (all commented out: no assignments).
         #expect(try EnvironmentFile.parse(text, path: "metricsd.env.example").isEmpty)
     }

@@ -16,8 +16,9 @@ import Testing
         return path
     }
 
-    static func write(_ text: String, to path: String) throws {
+    static func write(_ text: String, to path: String, mode: mode_t? = nil) throws {
         try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+        if let mode { chmod(path, mode) }
     }
 
     @Test func parsesTheEnvironmentFileSyntax() throws {

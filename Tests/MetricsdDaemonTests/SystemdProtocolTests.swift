@@ -362,6 +362,9 @@ import NotifyTestSupport
             let ready = await manager.first(from: mark + 1, timeout: .seconds(10)) { $0.has("READY=1") }
             #expect(ready?.value("STATUS")?.hasPrefix("serving on 127.0.0.1:\(port)") == true, "\(manager.transcript)")
             #expect(await DaemonProcess.eventually(timeout: .seconds(5)) { daemon.log.contains("Reloaded") })
+            // The accepted algorithms are named, not redacted: a list of algorithms is no secret.
+            let reloaded = daemon.log.split(separator: "\n").first { $0.contains(" Reloaded ") }.map(String.init) ?? ""
+            #expect(reloaded.contains("metricsd.jwt.algorithms=HS256"), "\(reloaded)")
 
             #expect(try await Self.admin(daemon, token: newToken) == 200)
             #expect(try await Self.admin(daemon, token: oldToken) == 401)

@@ -215,6 +215,40 @@ import Testing
         }
     }
 
+    /// A secret besides the public key keeps HS256 accepted (whoever reads the secret can mint tokens);
+    /// `METRICSD_JWT_HS256=off` leaves the secret unread, so only the key's algorithm is accepted.
+    @Test func hs256OffVerifiesWithThePublicKeyOnly() async throws {
+        let key = try await AsymmetricKey.ed25519()
+        let path = try scratchFile("jwt-public-key.pem", key.publicPEM)
+        let secretFile = DaemonProcess.secrets.directory + "/jwt-secret"
+        let both = try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path])
+        #expect(try await TokenVerifier(both).acceptedAlgorithms == ["EdDSA", "HS256"])
+        let keyOnly = try TokenConfiguration(
+            environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": "off"])
+        #expect(keyOnly.hmacSecret == nil)
+        #expect(try await TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
+        #expect(throws: ConfigurationError.self) {
+            try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "off"])
+        }
+        #expect(throws: ConfigurationError.self) {
+            try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "maybe"])
+        }
+
+        try await withTestDatabase { database in
+            try await database.seed([.valid(Self.user)])
+            let hsToken = Self.hs256(Self.valid)
+            for (hs256, expected) in [("on", 200), ("off", 401)] {
+                let daemon = try await DaemonProcess.start(
+                    database: database, extra: ["METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": hs256])
+                let keyed = try await daemon.send(Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
+                #expect(keyed.status == 200, "HS256 \(hs256): \(keyed)")
+                let hs = try await daemon.send(Self.today, headers: TestTokens.bearer(hsToken))
+                #expect(hs.status == expected, "HS256 \(hs256): \(hs)")
+                await daemon.stop()
+            }
+        }
+    }
+
     // MARK: Time
 
     /// Time-relative tokens are minted just before each request (`claims` gets the current time), so a slow,
@@ -331,6 +365,45 @@ import Testing
                     ("string", Self.hs256(SignedTokens.claims(sub: "42"))),
                     ("number", Self.hs256(SignedTokens.claims(sub: 42))),
                 ], status: 200)
+        }
+    }
+
+    /// A numeric subject is an integer literal: no fraction or exponent, even one that denotes an integer
+    /// (`1e3`) or rounds to one as a Double (`1.0000000000000001`). The same subject written as digits is
+    /// accepted on both readers (the plain one, and the decoder a string escape elsewhere sends it to).
+    @Test func numericSubjectIsAnIntegerLiteralOnly() async throws {
+        let later = SignedTokens.now + 3600
+        let user = Self.user
+        let refused = [
+            ("rounds to the user", #"{"sub":\#(user).0000000000000001,"exp":\#(later)}"#),
+            ("fraction zero", #"{"sub":\#(user).0,"exp":\#(later)}"#),
+            ("exponent", #"{"sub":\#(user)e0,"exp":\#(later)}"#),
+            ("exponent to the user", #"{"sub":\#(user * 10)E-1,"exp":\#(later)}"#),
+            ("exponent with an escape elsewhere", #"{"sub":\#(user)e0,"exp":\#(later),"n":"\u0041"}"#),
+            ("1e3", #"{"sub":1e3,"exp":\#(later)}"#),
+            ("negative zero exponent", #"{"sub":\#(user)e-0,"exp":\#(later)}"#),
+        ]
+        let accepted = [
+            ("digits", #"{"sub":\#(user),"exp":\#(later)}"#),
+            ("digits with an escape elsewhere", #"{"sub":\#(user),"exp":\#(later),"n":"\u0041"}"#),
+            ("digits, spaced", #"{ "sub" : \#(user) , "exp" : \#(later) }"#),
+            ("escaped name", #"{"s\u0075b":\#(user),"exp":\#(later)}"#),
+        ]
+        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        for (name, payload) in refused {
+            do {
+                let userID = try verifier.verify(Substring(Self.raw(payload: payload)))
+                Issue.record("\(name): accepted as user \(userID)")
+            } catch {
+                #expect(error.message == "token subject is not a user id", "\(name): \(error.message)")
+            }
+        }
+        for (name, payload) in accepted {
+            #expect((try? verifier.verify(Substring(Self.raw(payload: payload)))) == user, "\(name)")
+        }
+        try await Self.serve { port in
+            try await Self.expect(port, refused.map { ($0.0, Self.raw(payload: $0.1)) }, status: 401)
+            try await Self.expect(port, accepted.map { ($0.0, Self.raw(payload: $0.1)) }, status: 200)
         }
     }
 

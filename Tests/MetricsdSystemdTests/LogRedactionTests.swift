@@ -10,14 +10,18 @@ import Testing
 
     @Test(arguments: [
         "metricsd.jwt.secret", "admin_token", "Authorization", "hb.request.header.authorization", "DB_PASSWORD",
-        "metricsd.credential", "metricsd.jwt", "refreshToken", "Set-Cookie",
+        "metricsd.credential", "metricsd.jwt", "refreshToken", "Set-Cookie", "metricsd.jwt.value", "metricsd.token.algorithm_secret",
     ])
     func sensitiveKeysAreRedacted(key: String) {
         #expect(LogRedaction.isSensitiveKey(key))
         #expect(LogRedaction.redact([key: "hunter2"]) == [key: "[redacted]"])
     }
 
-    @Test(arguments: ["metricsd.user.id", "metricsd.zone", "hb.request.id", "metricsd.job.id", "error.message"])
+    @Test(arguments: [
+        "metricsd.user.id", "metricsd.zone", "hb.request.id", "metricsd.job.id", "error.message",
+        // The reload line's list of accepted algorithms, and other words about a secret that are not the secret.
+        "metricsd.jwt.algorithms", "metricsd.admin_token.source", "metricsd.password.length",
+    ])
     func ordinaryKeysAreKept(key: String) {
         #expect(!LogRedaction.isSensitiveKey(key))
         #expect(LogRedaction.redact([key: "value 1"]) == [key: "value 1"])
@@ -26,7 +30,14 @@ import Testing
     @Test(arguments: [
         ("token \(Self.jwt) rejected", "token [redacted-jwt] rejected"),
         ("\(Self.jwt)", "[redacted-jwt]"),
-        ("url?access_token=\(Self.jwt)&x=1", "url?access_token=[redacted-jwt]&x=1"),
+        ("url?access_token=\(Self.jwt)&x=1", "url?access_token=***&x=1"),
+        ("see \(Self.jwt)&x=1", "see [redacted-jwt]&x=1"),
+        // Connection strings: the rule libpq's messages get where they are made, here as a backstop.
+        ("waiting: \"postgresql://metricsd:Pw%zz@db:5432/metricsd\"", "waiting: \"postgresql://metricsd:***@db:5432/metricsd\""),
+        ("host=db password=s3cret dbname=m", "host=db password=*** dbname=m"),
+        ("PGPASSWORD='a b' METRICSD_JWT_SECRET=xyz METRICSD_JWT_SECRET_FILE=/etc/credstore/x",
+         "PGPASSWORD='***' METRICSD_JWT_SECRET=*** METRICSD_JWT_SECRET_FILE=/etc/credstore/x"),
+        ("postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write", "postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write"),
         ("unsigned eyJhbGciOiJub25lIn0.eyJzdWIiOiI0MiJ9. end", "unsigned [redacted-jwt] end"),
         ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer [redacted]"),
         ("authorization: bearer  \(Self.jwt)", "authorization: bearer  [redacted]"),
@@ -55,12 +66,12 @@ import Testing
 
     /// No format ever shows a secret: sensitive keys, a JWT in the message, a bearer header in a value.
     @Test func noFormatShowsASecret() throws {
-        let secrets = [Self.jwt, "s3cr3t-signing-key", "admin-t0ken", "p4ssw0rd", "abc.def"]
+        let secrets = [Self.jwt, "s3cr3t-signing-key", "admin-t0ken", "p4ssw0rd", "abc.def", "url-pw-0123"]
         let record = LogRecord(
             millisecondsSinceEpoch: 1_761_748_245_123,
             level: .error,
             label: "metricsd",
-            message: "Rejected \(Self.jwt) (expired)",
+            message: "Rejected \(Self.jwt) (expired) from postgresql://m:url-pw-0123@db/m",
             metadata: [
                 "metricsd.jwt.secret": "s3cr3t-signing-key",
                 "metricsd.admin.token": "admin-t0ken",

@@ -71,8 +71,9 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
         try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let secret = "test-jwt-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
         let admin = "test-admin-token-0123456789"
-        FileManager.default.createFile(atPath: directory + "/jwt-secret", contents: Data(secret.utf8))
-        FileManager.default.createFile(atPath: directory + "/admin-token", contents: Data(admin.utf8))
+        // 0600, as a secret file should be (the daemon warns about one that every local user can read).
+        FileManager.default.createFile(atPath: directory + "/jwt-secret", contents: Data(secret.utf8), attributes: [.posixPermissions: 0o600])
+        FileManager.default.createFile(atPath: directory + "/admin-token", contents: Data(admin.utf8), attributes: [.posixPermissions: 0o600])
         return (directory, secret, admin)
     }()
 
@@ -106,12 +107,18 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
     }
 
     /// Starts `metricsd <arguments>` with exactly `environment` (nothing inherited); with `METRICSD_FAULTS` in
-    /// it, the fault-injecting build.
-    package init(arguments: [String] = ["serve"], environment: [String: String], port: Int = 0) throws {
+    /// it, the fault-injecting build. `launcher` runs it through a program that then executes it (the same
+    /// process), e.g. `["/usr/bin/prlimit", "--nofile=200:200", "--"]`.
+    package init(arguments: [String] = ["serve"], environment: [String: String], port: Int = 0, launcher: [String] = []) throws {
         let process = Process()
         let binary = environment["METRICSD_FAULTS"] == nil ? try Self.binary() : try Self.faultInjectingBinary()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = arguments
+        if let program = launcher.first {
+            process.executableURL = URL(fileURLWithPath: program)
+            process.arguments = Array(launcher.dropFirst()) + [binary] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: binary)
+            process.arguments = arguments
+        }
         process.environment = environment
         let pipe = Pipe()
         process.standardOutput = pipe

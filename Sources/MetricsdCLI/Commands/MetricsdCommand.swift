@@ -179,14 +179,17 @@ struct CheckConfig: AsyncParsableCommand {
         abstract: "Check the whole configuration: settings, secrets, listeners, database and schema.",
         discussion: """
             Reads the configuration as `metricsd serve` would here, starts nothing, and prints each problem as one \
-            line, `metricsd: <SETTING>: <problem>`, on stderr, then a summary of what was checked. Exit 0 when \
-            the configuration is fine, 78 when it has problems. Run it as root to check the credentials.
+            line, `metricsd: <SETTING>: <problem>`, on stderr, then each secret other local users can read \
+            (`metricsd: warning: <SETTING>: …`: a plain environment variable, a world-readable file), then a \
+            summary of what was checked. Exit 0 when the configuration is fine (warnings or not), 78 when it has \
+            problems. Run it as root to check the credentials.
             """)
 
     func run() async throws {
         let check = await ConfigCheck.run(environment: ProcessInfo.processInfo.environment)
-        for line in check.problemLines {
-            StandardError.write(line + "\n")
+        for line in check.problemLines + check.warningLines {
+            StandardError.write(line + "
+")
         }
         print(check.summaryText)
         if !check.isOK { throw ExitCode(78) }

@@ -12,9 +12,13 @@ import MetricsdPostgres
 /// starting anything: every setting in range, the settings files' syntax, the secrets readable and strong enough,
 /// both listeners usable, the database reachable and its schema current.
 ///
-/// Each problem is one line, `metricsd: <SETTING>: <problem>`; what was checked is summed up after it.
+/// Each problem is one line, `metricsd: <SETTING>: <problem>`; each exposed secret (``SecretExposure``) a line
+/// `metricsd: warning: <SETTING>: <what and where it belongs>`, which does not fail the check; what was checked is
+/// summed up after them.
 public struct ConfigCheck: Sendable {
     public private(set) var problems: [(setting: String, problem: String)] = []
+    /// Secrets other local users can read: reported, not failed.
+    public private(set) var warnings: [SecretExposure.Warning] = []
     /// Lines of the summary ("what was checked"), printed in either case.
     public private(set) var summary: [(label: String, text: String)] = []
 
@@ -54,6 +58,9 @@ public struct ConfigCheck: Sendable {
             check.problem("METRICSD_CONFIG_FILE", error.message)
             environment = host.environment
         }
+        check.warnings = SecretExposure.warnings(
+            environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
+            underSystemd: host.underSystemd)
 
         // 2. Every setting on its own (the secrets' files below), and no unknown name in the settings file.
         if let file = host.settingsFile {
@@ -68,11 +75,19 @@ public struct ConfigCheck: Sendable {
         }
         // 3. Secrets: present, readable, long enough, distinct.
         check.checkSecrets(environment)
-        // 4. The rest of what `serve` checks (constraints between settings, the connection string), only when
-        //    nothing above was wrong: its first error would repeat one of them.
+        // 4. The rest of what `serve` checks (constraints between settings, the connection string, the open-file
+        //    budget), only when nothing above was wrong: its first error would repeat one of them.
         if check.isOK {
             do {
-                _ = try Configuration(environment: environment).connectionSettings(environment: environment)
+                let configuration = try Configuration(environment: environment)
+                _ = try configuration.connectionSettings(environment: environment)
+                let budget = DescriptorBudget(configuration: configuration)
+                let limit = DescriptorBudget.limit().hard
+                if let problem = budget.problem(limit: limit) {
+                    check.problem("METRICSD_MAX_CONNECTIONS", problem)
+                } else {
+                    check.note("open files", budget.summary(limit: limit))
+                }
             } catch {
                 check.problem(Self.settingName(in: error.message) ?? "configuration", error.message)
             }
@@ -95,23 +110,34 @@ public struct ConfigCheck: Sendable {
 
     mutating func checkSecrets(_ environment: [String: String]) {
         var jwtSecret: String?
+        let hs256 = (environment["METRICSD_JWT_HS256"] ?? "").lowercased() != "off"
         do {
             jwtSecret = try Secrets.read(
                 credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET", environment: environment)
         } catch {
-            self.problem("METRICSD_JWT_SECRET_FILE", Self.strip(error.message))
+            if hs256 { self.problem("METRICSD_JWT_SECRET_FILE", Self.strip(error.message)) }
         }
-        let hasPublicKey = !(environment["METRICSD_JWT_PUBLIC_KEY_FILE"] ?? "").isEmpty
-        if let secret = jwtSecret {
+        let publicKey = environment["METRICSD_JWT_PUBLIC_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        if !hs256 {
+            if let publicKey {
+                self.note("tokens", "public key \(publicKey) only (METRICSD_JWT_HS256=off\(jwtSecret == nil ? "" : "; the JWT secret is not used"))")
+            } else {
+                self.problem("METRICSD_JWT_HS256", "off, but no METRICSD_JWT_PUBLIC_KEY_FILE: no token could be verified")
+            }
+        } else if let secret = jwtSecret {
             if secret.utf8.count < 32 {
                 self.problem(
                     "METRICSD_JWT_SECRET_FILE",
                     "the JWT secret is \(secret.utf8.count) bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)")
+            } else if publicKey != nil {
+                self.note(
+                    "tokens",
+                    "HS256 secret (\(secret.utf8.count) bytes) and a public key: HS256 tokens stay accepted, so this host can mint tokens (METRICSD_JWT_HS256=off verifies with the public key only)")
             } else {
-                self.note("tokens", "HS256 secret (\(secret.utf8.count) bytes)" + (hasPublicKey ? " and a public key" : ""))
+                self.note("tokens", "HS256 secret (\(secret.utf8.count) bytes)")
             }
-        } else if hasPublicKey {
-            self.note("tokens", "public key \(environment["METRICSD_JWT_PUBLIC_KEY_FILE"] ?? "")")
+        } else if let publicKey {
+            self.note("tokens", "public key \(publicKey)")
         } else if !self.problems.contains(where: { $0.setting == "METRICSD_JWT_SECRET_FILE" }) {
             self.problem(
                 "METRICSD_JWT_SECRET_FILE",
@@ -201,12 +227,15 @@ public struct ConfigCheck: Sendable {
         }
     }
 
-    /// The text to print: problems first, then the summary.
+    /// The text to print: problems first, then warnings, then the summary.
     public var problemLines: [String] { self.problems.map { "metricsd: \($0.setting): \($0.problem)" } }
+
+    public var warningLines: [String] { self.warnings.map { "metricsd: warning: \($0)" } }
 
     public var summaryText: String {
         let width = 14
-        let head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
+        var head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
+        if !self.warnings.isEmpty { head += " (\(self.warnings.count) warning\(self.warnings.count == 1 ? "" : "s"))" }
         return ([head] + self.summary.map { "  " + ($0.label + ":").padded(to: width) + $0.text })
             .joined(separator: "\n")
     }

@@ -7,6 +7,7 @@ import Foundation
 #endif
 import HealthMetrics
 import Logging
+import MetricsdMasking
 import MetricsdPostgres
 import MetricsdSystemd
 
@@ -223,8 +224,10 @@ struct EnvironmentReader {
         }
     }
 
-    /// A value as shown in an error: quoted, at most 60 characters.
+    /// A value as shown in an error: secrets masked (``SecretPatterns``: a URL's password, `password=…`), then
+    /// quoted and cut at 60 characters (masked first, so a cut never keeps the start of a password).
     static func shown(_ text: String) -> String {
-        "'" + (text.count > 60 ? String(text.prefix(60)) + "…" : text) + "'"
+        let masked = SecretPatterns.apply(text)
+        return "'" + (masked.count > 60 ? String(masked.prefix(60)) + "…" : masked) + "'"
     }
 }

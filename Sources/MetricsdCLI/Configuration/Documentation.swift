@@ -88,6 +88,7 @@ public enum Documentation {
     /// `systemd/metricsd.env.example`, installed as `/etc/metricsd/metricsd.env`: every operator setting, commented
     /// out at its default, with its meaning.
     public static func environmentFileExample() -> String {
+        let secretSettings = SettingsCatalog.secretSettings.map(\.name).joined(separator: " or ")
         var lines = [
             "# /etc/metricsd/metricsd.env - settings of metricsd: the service reads it (EnvironmentFile=), and so do",
             "# metricsd commands run by hand on this host (`sudo metricsd status`), for every variable not exported.",
@@ -98,11 +99,16 @@ public enum Documentation {
             "# Every setting below is commented out at its default. After editing: systemctl restart metricsd",
             "# (settings marked \"reloadable\" can instead go in /etc/metricsd/metricsd.conf: systemctl reload metricsd).",
             "#",
-            "# SECRETS DO NOT BELONG IN THIS FILE. They are credentials in /etc/credstore/ (root:root, 0600), which the",
-            "# unit passes to the service (LoadCredential=) and which root's metricsd commands read directly:",
+            "# SECRETS DO NOT BELONG IN THIS FILE. It is installed 0644 so that every local user's metricsd commands can",
+            "# read their settings, so anything in it is readable by every local user; and every variable set here",
+            "# is in the service's environment, which every program it starts inherits. Secrets are credentials in",
+            "# /etc/credstore/ (root:root, 0600), which the unit passes to the service alone (LoadCredential=) and",
+            "# which root's metricsd commands read directly:",
             "#   /etc/credstore/metricsd-jwt-secret     HS256 secret for end-user tokens (at least 32 bytes)",
             "#   /etc/credstore/metricsd-admin-token    admin bearer token (at least 16 characters)",
             "#   /etc/credstore/metricsd-db-password    database password (optional; enable its line in the unit)",
+            "# So no password in DATABASE_URL, no PGPASSWORD, and not \(secretSettings)",
+            "# (development only): metricsd check-config and the service's start-up warn about each of them.",
             "# Check everything with: sudo metricsd check-config",
         ]
         for group in Setting.Group.allCases where group != .testing {

@@ -5,6 +5,7 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
+import MetricsdMasking
 
 /// `NAME=value` lines as systemd's `EnvironmentFile=` reads them, so that the file the service gets and the file
 /// the command line reads mean the same thing.
@@ -62,11 +63,11 @@ public enum EnvironmentFile {
             }
             let trimmedName = String(name).trimmingSpaces()
             guard index < characters.count, characters[index] == "=" else {
-                throw fail("expected NAME=value, got \(EnvironmentReader.shown(trimmedName))", at: startLine)
+                throw fail("expected NAME=value, got \(Self.shownLine(trimmedName))", at: startLine)
             }
             guard Self.isValidName(trimmedName) else {
                 throw fail(
-                    "\(EnvironmentReader.shown(trimmedName)) is not a variable name (letters, digits and _, not starting with a digit)",
+                    "\(Self.shownLine(trimmedName)) is not a variable name (letters, digits and _, not starting with a digit)",
                     at: startLine)
             }
             index += 1  // "="
@@ -141,6 +142,16 @@ public enum EnvironmentFile {
             assignments.append(Assignment(name: trimmedName, value: String(value), line: startLine))
         }
         return assignments
+    }
+
+    /// A malformed line as an error quotes it: when its first word names a secret (`METRICSD_JWT_SECRET abc…`,
+    /// `PGPASSWORD abc…`) only that word, else the line with secrets masked (``EnvironmentReader/shown(_:)``).
+    static func shownLine(_ line: String) -> String {
+        let firstWord = line.prefix { !$0.isWhitespace }
+        if SecretPatterns.namesSecret(String(firstWord)), firstWord.count < line.count {
+            return "'\(firstWord) \(SecretMask.placeholder)'"
+        }
+        return EnvironmentReader.shown(line)
     }
 
     /// Letters, digits and `_`, not starting with a digit (what a shell and systemd accept as a name).

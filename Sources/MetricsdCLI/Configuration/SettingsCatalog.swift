@@ -213,7 +213,12 @@ public enum SettingsCatalog {
             "The HS256 secret itself (development only: visible in the process environment; use the credential)."),
         Setting(
             "METRICSD_JWT_PUBLIC_KEY_FILE", .tokens, .file, unset: "none",
-            "PEM public key (RS256/ES256/EdDSA) for end-user tokens, instead of or besides the secret."),
+            "PEM public key (RS256/ES256/EdDSA) for end-user tokens, instead of or besides the secret. Besides it, HS256 tokens stay accepted and whoever reads the secret can mint tokens: to verify without being able to mint, configure no secret or set METRICSD_JWT_HS256=off."
+        ),
+        Setting(
+            "METRICSD_JWT_HS256", .tokens, .choice(["on", "off"]), default: "on", reloadable: true,
+            "Accept HS256 tokens signed with the JWT secret. off: the secret is not read and only the public key's algorithm is accepted (METRICSD_JWT_PUBLIC_KEY_FILE is then required)."
+        ),
         Setting("METRICSD_JWT_ISSUER", .tokens, .text, unset: "not checked", "Required iss claim."),
         Setting("METRICSD_JWT_AUDIENCE", .tokens, .text, unset: "not checked", "Required aud claim."),
         Setting(
@@ -256,6 +261,21 @@ public enum SettingsCatalog {
 
     public static func setting(_ name: String) -> Setting? { self.all.first { $0.name == name } }
 
-    /// Settings named in `systemd/metricsd.env.example`: all but the testing ones.
-    public static var operatorSettings: [Setting] { self.all.filter { $0.group != .testing } }
+    /// Settings named in `systemd/metricsd.env.example`: all but the testing ones and those whose value is a secret
+    /// (the file is world-readable; secrets are credentials).
+    public static var operatorSettings: [Setting] {
+        self.all.filter {
+            guard $0.group != .testing else { return false }
+            if case .secret = $0.kind { return false }
+            return true
+        }
+    }
+
+    /// Settings whose value is a secret itself (development only; `check-config` warns when they are set).
+    public static var secretSettings: [Setting] {
+        self.all.filter {
+            if case .secret = $0.kind { return true }
+            return false
+        }
+    }
 }

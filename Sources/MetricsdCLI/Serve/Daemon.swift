@@ -27,13 +27,21 @@ public enum Daemon {
     /// Runs the daemon until it stops; returns the process exit code.
     public static func serve(environment base: [String: String], migrate: Bool) async -> Int32 {
         let early = SystemdNotifier()  // before logging exists: configuration errors only
+        let host: HostEnvironment
         let environment: [String: String]
         let configuration: Configuration
         do {
-            environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
+            host = try HostEnvironment(base)
+            environment = try ConfigFile.merge(into: host.environment)
             configuration = try Configuration(environment: environment)
         } catch {
             return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
+        }
+        // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
+        let budget = DescriptorBudget(configuration: configuration)
+        let descriptors = DescriptorBudget.raiseSoftLimit()
+        if let problem = budget.problem(limit: descriptors.soft) {
+            return Self.fatal("configuration error: \(problem)", errno: EINVAL, notifier: early)
         }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
@@ -41,6 +49,15 @@ public enum Daemon {
         }
         let logger = Logger(label: "metricsd")
         let notifier = SystemdNotifier(logger: logger)  // logs the first failed send
+        logger.debug(
+            "Open-file limit",
+            metadata: ["metricsd.descriptors.needed": "\(budget.total)", "metricsd.descriptors.limit": "\(descriptors.soft)"])
+        let exposed = SecretExposure.warnings(
+            environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
+            underSystemd: host.underSystemd)
+        for warning in exposed {
+            logger.warning("Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
+        }
         // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
         let fatalLogger: Logger? =
             LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger

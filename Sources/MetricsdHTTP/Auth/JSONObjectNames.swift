@@ -37,6 +37,29 @@ enum JSONObjectNames {
         return reader.atEnd ? duplicate : nil
     }
 
+    /// The text of the top-level member `name`'s value when it is not a string (a number or a literal, as
+    /// written: `1e3`, `1.0000000000000001`); nil when the member is absent or a string, or `bytes` is not one JSON
+    /// object. Names compared after unescaping, as the decoder would see them.
+    static func literal(of name: String, in bytes: [UInt8]) -> ArraySlice<UInt8>? {
+        var reader = Reader(bytes: bytes)
+        reader.skipSpace()
+        guard reader.consume(0x7B) else { return nil }
+        reader.skipSpace()
+        if reader.consume(0x7D) { return nil }
+        while true {
+            reader.skipSpace()
+            guard let member = reader.string() else { return nil }
+            reader.skipSpace()
+            guard reader.consume(0x3A) else { return nil }
+            reader.skipSpace()
+            let start = reader.index
+            guard reader.skipValue() else { return nil }
+            if member == name { return bytes[start] == 0x22 ? nil : bytes[start..<reader.index] }
+            reader.skipSpace()
+            guard reader.consume(0x2C) else { return nil }
+        }
+    }
+
     private struct Reader {
         let bytes: [UInt8]
         var index = 0

@@ -114,8 +114,13 @@ public struct TokenVerifier: Sendable {
         case .notPlain:
             guard let names = JSONObjectNames.hasDuplicates(payloadData) else { throw TokenError("malformed token payload") }
             guard !names else { throw TokenError("token repeats a claim name") }
-            guard let decoded = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
+            guard var decoded = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
                 throw TokenError("malformed token payload")
+            }
+            // The decoder reads every number as a Double (`1.0000000000000001` would be user 1, `1e3` user 1000): a
+            // numeric subject counts only when written as an integer literal, digits without fraction or exponent.
+            if let literal = JSONObjectNames.literal(of: "sub", in: payloadData), !Self.isIntegerLiteral(literal) {
+                decoded.sub = .other
             }
             claims = decoded
         }
@@ -133,6 +138,12 @@ public struct TokenVerifier: Sendable {
         }
         guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
         return userID
+    }
+
+    /// Digits only, no leading zero (a JSON integer without sign, fraction or exponent).
+    static func isIntegerLiteral(_ text: ArraySlice<UInt8>) -> Bool {
+        guard let first = text.first, first != 0x30 || text.count == 1 else { return false }
+        return text.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
     }
 
     /// The three dot-separated parts of a compact JWS, or nil when there are not exactly three.

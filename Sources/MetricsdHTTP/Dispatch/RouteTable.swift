@@ -2,8 +2,8 @@ import HTTPTypes
 
 /// The endpoints by method and path.
 ///
-/// Paths are compared segment by segment (empty segments ignored, the query string dropped); `{name}` matches
-/// any one segment. A path that exists with other methods is a 405 naming them. HEAD is answered as GET (the
+/// Paths are compared segment by segment (the query string dropped); `{name}` matches any one segment. A path
+/// with an empty or dot segment is not routed (404). A path that exists with other methods is a 405 naming them. HEAD is answered as GET (the
 /// connection leaves out the body); CONNECT, which would turn the connection into a tunnel, is not implemented.
 struct RouteTable: Sendable {
     enum Match {
@@ -68,8 +68,12 @@ struct RouteTable: Sendable {
         if method == .connect { return .notImplemented }
         let path = Self.path(of: target)
         if let entry = self.exact[path] { return Self.pick(method, entry, parameter: nil) }
-        let segments = path.split(separator: "/")
-        if let entry = self.exact["/" + segments.joined(separator: "/")] { return Self.pick(method, entry, parameter: nil) }
+        // Canonical paths only (an empty or dot segment is a 404): a proxy rule guarding `/v1/admin/` sees every
+        // way in.
+        let segments = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+        guard path.hasPrefix("/"), !segments.contains(where: { $0.isEmpty || $0 == "." || $0 == ".." }) else {
+            return .notFound
+        }
         for entry in self.parameterised where entry.segments.count == segments.count {
             var parameter: Substring?
             let matches = zip(entry.segments, segments).enumerated().allSatisfy { index, pair in

@@ -1,0 +1,118 @@
+internal import CLibPQ
+import Glibc
+import MetricsdMasking
+
+/// How to reach PostgreSQL: a libpq connection string or URI, plus the few defaults metricsd adds.
+///
+/// An empty `conninfo` means libpq's own defaults and the `PG*` environment (`PGHOST`, `PGSERVICE`,
+/// `PGSSLMODE`, `.pgpass` …) exactly as psql would use them. metricsd only adds `application_name=metricsd`,
+/// `connect_timeout=5`, TCP keepalives, `tcp_user_timeout=30000` and `options=-c jit=off`, each placed *before* the
+/// connection string so that anything the operator wrote wins, and each left out when its `PG*` variable is set.
+///
+/// Nothing waits forever on the server: connecting gives up after `connect_timeout` (per host of a multi-host
+/// string), a dead peer is noticed by keepalives and `tcp_user_timeout`, and every statement has a client-side
+/// deadline (`statementDeadlineSeconds`): a statement without an answer by then is cancelled and its connection
+/// dropped. That last one also covers a `COMMIT` that waits for a synchronous standby that is not there (a promoted
+/// standby that inherited `synchronous_standby_names`), which neither `statement_timeout` nor keepalives end.
+///
+/// No password leaves through an error: ``mask`` knows every password this connection may use (written in the
+/// string, the credential, `PGPASSWORD`), and every error made from libpq's text — the string refused here, a
+/// connection refused later — goes through it, so every consumer (stderr, `STATUS=`, the log, `check-config`,
+/// `/readyz`, API errors) gets `***` in its place.
+public struct ConnectionSettings: Sendable {
+    public let conninfo: String
+    /// The setting the string came from (`DATABASE_URL`), to name it in errors.
+    public let setting: String
+    /// How long one statement may go without an answer before it is cancelled and the connection dropped
+    /// (nil, the default here: no limit). The daemon and CLI set `METRICSD_DB_STATEMENT_DEADLINE_SECONDS` (30 s);
+    /// migrations lift it for their own statements.
+    public var statementDeadlineSeconds: Double?
+    /// Password from a systemd credential (`$CREDENTIALS_DIRECTORY/db-password`); overrides the string's.
+    public let password: String?
+    /// Masks this connection's passwords in any text (every `PostgresError` this connection makes is masked).
+    public let mask: SecretMask
+    let defaults: [(String, String)]
+
+    /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`,
+    /// whose message names `setting` and never holds a password.
+    public init(
+        conninfo: String, password: String? = nil, environment: [String: String], setting: String = "DATABASE_URL"
+    ) throws(PostgresError) {
+        var mask = SecretMask(connectionString: conninfo, password: password, environment: environment)
+        if !conninfo.isEmpty {
+            var errorMessage: UnsafeMutablePointer<CChar>?
+            if let options = PQconninfoParse(conninfo, &errorMessage) {
+                defer { PQconninfoFree(options) }
+                var values: [(String, String)] = []
+                var option = options
+                while let keyword = option.pointee.keyword {
+                    if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
+                    option = option.advanced(by: 1)
+                }
+                // libpq's own reading of the password (decoded), besides the one found in the text.
+                for (keyword, value) in values where keyword == "password" { mask.add(value) }
+                for (keyword, value) in values {
+                    try Self.check(keyword: keyword, value: value, setting: setting, mask: mask)
+                }
+            } else {
+                let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
+                PQfreemem(errorMessage)
+                throw PostgresError(code: .badConnectionString, message: "\(setting) is not valid: \(message)", mask: mask)
+            }
+        }
+        var defaults: [(String, String)] = []
+        if environment["PGAPPNAME"] == nil { defaults.append(("application_name", "metricsd")) }
+        if environment["PGCONNECT_TIMEOUT"] == nil { defaults.append(("connect_timeout", "5")) }
+        defaults += [("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3")]
+        // Data sent but not acknowledged for 30 s (a peer that vanished mid-statement): the connection is dead.
+        defaults.append(("tcp_user_timeout", "30000"))
+        // No JIT on metricsd's sessions: its statements are short, but the planner's estimate for the enqueue
+        // statement (thousands of zones × dates) is high enough that PostgreSQL JIT-compiles it on every tick,
+        // ~1–1.7 s of CPU for ~0.25 s of work. An `options` in the string or PGOPTIONS replaces this.
+        if environment["PGOPTIONS"] == nil { defaults.append(("options", "-c jit=off")) }
+        self.conninfo = conninfo
+        self.setting = setting
+        self.password = password
+        self.mask = mask
+        self.defaults = defaults
+    }
+
+    /// Values libpq would only reject when connecting: checked up front so that a typo is a configuration error
+    /// (one clear line, exit) instead of an endless "waiting for database".
+    private static func check(keyword: String, value: String, setting: String, mask: SecretMask) throws(PostgresError) {
+        func fail(_ expected: String) -> PostgresError {
+            PostgresError(
+                code: .badConnectionString, message: "\(setting) is not valid: \(keyword) '\(value)' is not \(expected)",
+                mask: mask)
+        }
+        switch keyword {
+        case "port":
+            let ports = value.split(separator: ",", omittingEmptySubsequences: false)
+            guard ports.allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) }) else {
+                throw fail("a port number (1–65535)")
+            }
+        case "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+            "tcp_user_timeout":
+            guard Int(value) != nil else { throw fail("an integer") }
+        case "sslmode":
+            guard ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(value) else {
+                throw fail("one of disable, allow, prefer, require, verify-ca, verify-full")
+            }
+        case "target_session_attrs":
+            guard ["any", "read-write", "read-only", "primary", "standby", "prefer-standby"].contains(value) else {
+                throw fail("one of any, read-write, read-only, primary, standby, prefer-standby")
+            }
+        default:
+            break
+        }
+    }
+
+    /// The keywords and values handed to `PQconnectdbParams` with `expand_dbname = 1`: defaults, then the
+    /// operator's string (expanded in place of `dbname`), then the credential password.
+    var parameters: [(String, String)] {
+        var parameters = self.defaults
+        parameters.append(("dbname", self.conninfo))
+        if let password { parameters.append(("password", password)) }
+        return parameters
+    }
+}
