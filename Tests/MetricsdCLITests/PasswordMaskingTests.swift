@@ -98,9 +98,12 @@ import Testing
         } else {
             #expect(status.value("STATUS")?.hasPrefix("failed: configuration error: DATABASE_URL is not valid: ") == true, "\(status)")
             #expect(await daemon.waitForExit(timeout: .seconds(10)) == 1, "\(daemon.log)")
-            #expect(daemon.log.hasPrefix("Error: configuration error: DATABASE_URL is not valid: "), "\(daemon.log)")
+            // Warnings (a password inside DATABASE_URL is one) may come first; the error is one line.
+            let errors = daemon.log.split(separator: "\n").filter { $0.hasPrefix("Error: ") }
+            #expect(errors.count == 1, "\(daemon.log)")
+            #expect(errors.first?.hasPrefix("Error: configuration error: DATABASE_URL is not valid: ") == true, "\(daemon.log)")
+            #expect(errors.first?.contains(malformed.shows) == true, "\(daemon.log)")
         }
-        #expect(daemon.log.contains(malformed.shows), "\(daemon.log)")
         Self.expectNoLeak(daemon.log, of: malformed.password, "serve's output")
         Self.expectNoLeak(manager.transcript, of: malformed.password, "sd_notify")
     }
@@ -192,7 +195,7 @@ import Testing
             #expect(waiting?.value("STATUS")?.contains(refused) == true, "\(manager.transcript)")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log)")
-            #expect(daemon.log.contains("Waiting for database") && daemon.log.contains(refused), "\(daemon.log)")
+            #expect(daemon.log.contains("Waiting for database"), "\(daemon.log)")
             Self.expectNoLeak(daemon.log + manager.transcript, of: wrong, "serve")
 
             // The same URL with the right password (the credential's, which wins over the string's) works: the

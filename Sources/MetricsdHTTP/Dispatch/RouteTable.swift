@@ -3,8 +3,9 @@ import HTTPTypes
 /// The endpoints by method and path.
 ///
 /// Paths are compared segment by segment (the query string dropped); `{name}` matches any one segment. A path
-/// with an empty or dot segment is not routed (404). A path that exists with other methods is a 405 naming them. HEAD is answered as GET (the
-/// connection leaves out the body); CONNECT, which would turn the connection into a tunnel, is not implemented.
+/// with an empty or dot segment is not routed (404). A path that exists with other methods is a 405 naming them.
+/// HEAD is answered as GET (the connection leaves out the body); CONNECT, which would turn the connection into a
+/// tunnel, is not implemented.
 struct RouteTable: Sendable {
     enum Match {
         case found(Endpoint, parameter: Substring?)
