@@ -188,8 +188,7 @@ struct CheckConfig: AsyncParsableCommand {
     func run() async throws {
         let check = await ConfigCheck.run(environment: ProcessInfo.processInfo.environment)
         for line in check.problemLines + check.warningLines {
-            StandardError.write(line + "
-")
+            StandardError.write(line + "\n")
         }
         print(check.summaryText)
         if !check.isOK { throw ExitCode(78) }

@@ -1,4 +1,5 @@
 import HTTPTypes
+import NIOCore
 
 /// How a reply may be cached: chosen once per endpoint, written on every reply by the dispatcher.
 ///
