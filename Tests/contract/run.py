@@ -617,9 +617,17 @@ def self_test(contract: Contract, results: Results) -> None:
 
     today = "/v1/profile/metrics/today"
     ack = "/v1/profile/metrics/acknowledge"
-    case("a today body, not acknowledged", "GET", today, 200, sample_today())
+    # The latest read's caching headers: private, revalidated, a strong tag, varying with the token.
+    personal = dict(json_ct, **{"cache-control": ["private, no-cache"], "etag": ['"0123456789abcdef"'],
+                                "vary": ["Authorization"]})
+    case("a today body, not acknowledged", "GET", today, 200, sample_today(), headers=personal)
     case("a today body, acknowledged", "GET", today, 200, sample_today(
-        acknowledged=True, acknowledgement={"acknowledgedAt": "2025-10-29T14:31:02.481Z", "version": 1}))
+        acknowledged=True, acknowledgement={"acknowledgedAt": "2025-10-29T14:31:02.481Z", "version": 1}),
+        headers=personal)
+    case("a today body without its caching headers", "GET", today, 200, sample_today(),
+         expect_ok=False, expect_text="header Cache-Control: required")
+    case("a today body with a weak tag", "GET", today, 200, sample_today(),
+         headers=dict(personal, etag=['W/"0123456789abcdef"']), expect_ok=False, expect_text="ETag")
     case("today with acknowledgement omitted", "GET", today, 200,
          {"success": True, "data": {k: v for k, v in sample_today()["data"].items() if k != "acknowledgement"}},
          expect_ok=False, expect_text="'acknowledgement' is a required property")
@@ -714,7 +722,7 @@ def self_test(contract: Contract, results: Results) -> None:
     case("/metrics without the version parameter", "GET", "/metrics", 200, b"up 1\n",
          headers={"content-type": ["text/plain"]}, expect_ok=False, expect_text="is not documented")
     case("/openapi.yaml", "GET", "/openapi.yaml", 200, contract.text,
-         headers={"content-type": ["application/yaml"]})
+         headers={"content-type": ["application/yaml"], "etag": ['"0123456789abcdef"']})
     route_cases = [("GET", "/v1/admin/recompute", "listRecomputeJobs"),
                    ("GET", "/v1/admin/recompute/12", "getRecomputeJob"),
                    ("GET", "/v1/admin/recompute/abc?x=1", "getRecomputeJob"),

@@ -199,6 +199,8 @@ public struct ConfigCheck: Sendable {
             if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) { self.problem("DATABASE_URL", error.message) }
             return
         }
+        // libpq blocks: the connection runs in a detached task, off the cooperative pool's threads, and is awaited
+        // here at once (its result is the check's), so nothing outlives this function.
         let result: Result<(String, SchemaStatus, Int), any Error> = await Task.detached {
             Result {
                 let connection = try PostgresConnection(settings: settings)

@@ -201,15 +201,8 @@ struct ConnectionStateMachine {
         case .idle, .receiving:
             self.state = .closed
             return .close
-        case .responding(var exchange):
-            exchange.closeAfter = true
-            self.state = .responding(exchange)
-            return .none
-        case .blocked(_, let deadline):
-            self.state = .blocked(closeAfter: true, deadline: deadline)
-            return .none
-        case .closing, .closed:
-            return .none
+        case .responding, .blocked, .closing, .closed:
+            return self.closeAfterTheExchange()
         }
     }
 
@@ -221,16 +214,24 @@ struct ConnectionStateMachine {
         case .idle, .receiving:
             self.state = .closing(deadline: now + self.timeouts.write)
             return .refuseUnparsable
+        case .responding, .blocked, .closing, .closed:
+            return self.closeAfterTheExchange()
+        }
+    }
+
+    /// The exchange in progress (a reply being produced, or one held back) is the connection's last: it closes
+    /// once that reply is written. Nothing to do when it is closing already.
+    private mutating func closeAfterTheExchange() -> Action {
+        switch self.state {
         case .responding(var exchange):
             exchange.closeAfter = true
             self.state = .responding(exchange)
-            return .none
         case .blocked(_, let deadline):
             self.state = .blocked(closeAfter: true, deadline: deadline)
-            return .none
-        case .closing, .closed:
-            return .none
+        case .idle, .receiving, .closing, .closed:
+            break
         }
+        return .none
     }
 
     /// The timer fired: close if the state's deadline has passed.

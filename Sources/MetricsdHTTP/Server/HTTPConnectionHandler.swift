@@ -241,7 +241,7 @@ extension Reply {
             headers.add(name: "Connection", value: "keep-alive")
         }
         for field in self.headers where field.name != .contentType {
-            headers.add(name: field.name.canonicalName, value: field.value)
+            headers.add(name: field.name.rawName, value: field.value)
         }
         return HTTPResponseHead(
             version: .http1_1,
