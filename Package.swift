@@ -21,6 +21,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.80.0"),
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.20.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.27.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
@@ -70,21 +71,23 @@ let package = Package(
             name: "EmbedResourcesPlugin", capability: .buildTool(), dependencies: ["ResourceEmbedder"],
             path: "Sources/EmbedResourcesPlugin"),
 
-        // The HTTP server: listener, connection handling, the dispatch table, reply encoding, token checks.
+        // The HTTP server: listeners (bound, or from systemd), connection handling, the dispatch table, reply encoding, token checks.
         // Knows nothing of PostgreSQL or of metricsd's endpoints.
         .target(
             name: "MetricsdHTTP",
             dependencies: [
                 "HealthMetrics",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOExtras", package: "swift-nio-extras"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -94,7 +97,6 @@ let package = Package(
             name: "MetricsdDaemon",
             dependencies: [
                 "HealthMetrics", "MetricsdBuildStamp", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd",
-                .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -279,8 +279,18 @@ public struct OperatorSession: Sendable {
             StandardError.write("not ready: configuration error: \(error)\n")
             return 1
         }
-        let text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
-        guard let listen = ListenAddress(parsing: text) else {
+        let tls = (environment["METRICSD_TLS"] ?? "off").lowercased()
+        var text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
+        // It speaks plain HTTP: with TLS on the public listener, the internal one answers (when it is plain TCP).
+        if address == nil && (tls == "public" || tls == "both") {
+            let internalAddress = environment["METRICSD_INTERNAL_LISTEN"].flatMap { ListenAddress(parsing: $0) }
+            guard tls == "public", let internalAddress, internalAddress.unixPath == nil else {
+                StandardError.write("not ready: cannot ask \(text): it speaks TLS (METRICSD_TLS=\(tls)); give --address of a plain listener\n")
+                return 1
+            }
+            text = internalAddress.description
+        }
+        guard let listen = ListenAddress(parsing: text), listen.unixPath == nil else {
             StandardError.write("not ready: '\(text)' is not host:port\n")
             return 1
         }

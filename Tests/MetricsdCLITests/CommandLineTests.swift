@@ -188,7 +188,7 @@ import Testing
                 settings: """
                     DATABASE_URL=\(database.url)
                     METRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())
-                    METRICSD_METRICS_LISTEN=127.0.0.1:\(busy)
+                    METRICSD_INTERNAL_LISTEN=127.0.0.1:\(busy)
                     METRICSD_DB_POOL_SIZE=0
                     METRICSD_DAILY_AT=25:00
                     METRICSD_LOG_LEVEL=loud
@@ -203,7 +203,7 @@ import Testing
                 "metricsd: METRICSD_LOG_LEVEL: must be one of trace, debug, info, notice, warning, error, critical, got 'loud'",
                 "metricsd: METRICSD_JWT_SECRET_FILE: the JWT secret is 9 bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)",
                 "metricsd: METRICSD_ADMIN_TOKEN_FILE: the admin token is 5 characters; at least 16 are needed",
-                "metricsd: METRICSD_METRICS_LISTEN: 127.0.0.1:\(busy) is in use by another program",
+                "metricsd: METRICSD_INTERNAL_LISTEN: 127.0.0.1:\(busy) is in use by another program",
             ]
             #expect(Array(problems.prefix(6)) == expected, "\(result.stderr)")
             #expect(problems.count == 7, "\(result.stderr)")

@@ -42,15 +42,21 @@ import Testing
         )
     }
 
-    /// `verify` fails when the `ExecStart=` binary does not exist and only warns (exit 0) on unknown keys, so it
-    /// checks a copy that starts `/bin/true`, and any output at all is a failure.
+    static let socketFiles = ["metricsd.socket", "metricsd-internal.socket"].map {
+        Self.repositoryRoot.appendingPathComponent("systemd/\($0)")
+    }
+
+    /// `verify` fails when an `Exec…=` binary does not exist and only warns (exit 0) on unknown keys, so it
+    /// checks a copy that starts `/bin/true`, beside the two socket units, and any output at all is a failure.
     @Test func verifyPrintsNothing() throws {
         let analyze = try Self.systemdAnalyze()
         let original = try String(contentsOf: Self.unitFile, encoding: .utf8)
         let prefix = "ExecStart=/usr/bin/metricsd "
         var lines = original.components(separatedBy: "\n")
-        let index = try #require(lines.firstIndex { $0.hasPrefix(prefix) }, "no `\(prefix)…` line in the unit")
-        lines[index] = "ExecStart=/bin/true " + lines[index].dropFirst(prefix.count)
+        try #require(lines.contains { $0.hasPrefix(prefix) }, "no `\(prefix)…` line in the unit")
+        for index in lines.indices where lines[index].hasPrefix("Exec") {
+            lines[index] = lines[index].replacingOccurrences(of: "/usr/bin/metricsd ", with: "/bin/true ")
+        }
 
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("metricsd-unit-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -58,7 +64,13 @@ import Testing
         let copy = directory.appendingPathComponent("metricsd.service")
         try lines.joined(separator: "\n").write(to: copy, atomically: true, encoding: .utf8)
 
-        let result = try Self.run(analyze, ["verify", "--man=no", copy.path])
+        var paths = [copy.path]
+        for socket in Self.socketFiles {
+            let socketCopy = directory.appendingPathComponent(socket.lastPathComponent)
+            try String(contentsOf: socket, encoding: .utf8).write(to: socketCopy, atomically: true, encoding: .utf8)
+            paths.append(socketCopy.path)
+        }
+        let result = try Self.run(analyze, ["verify", "--man=no"] + paths)
         #expect(result.status == 0, "systemd-analyze verify exited \(result.status)")
         #expect(result.stdout + result.stderr == "", "systemd-analyze verify printed:\n\(result.stdout)\(result.stderr)")
     }
@@ -97,9 +109,12 @@ import Testing
         #expect(unit["StartLimitIntervalSec"] == ["10min"] && unit["StartLimitBurst"] == ["5"])
         #expect(service["Type"] == ["notify"])
         #expect(service["NotifyAccess"] == ["main"])
-        #expect(service["ExecReload"] == ["/bin/kill -HUP $MAINPID"])
+        #expect(service["ExecReload"] == ["+/usr/bin/metricsd refresh-credentials", "/bin/kill -HUP $MAINPID"])
         #expect(service["WatchdogSec"] == ["30s"])
         #expect(service["Restart"] == ["on-failure"])
+        #expect(service["RestartSec"] == ["1s"])
+        #expect(unit["Wants"]?.contains { $0.split(separator: " ").contains("metricsd.socket") } == true)
+        #expect(unit["After"]?.contains { $0.split(separator: " ").contains("metricsd.socket") } == true)
         #expect(service["DynamicUser"] == ["yes"])
         #expect(service["LoadCredential"] == ["jwt-secret:metricsd-jwt-secret", "admin-token:metricsd-admin-token"])
         let secretVariables = ["METRICSD_JWT_SECRET=", "METRICSD_ADMIN_TOKEN=", "PGPASSWORD=", "DATABASE_URL="]
@@ -107,6 +122,19 @@ import Testing
             (service["Environment"] ?? []).allSatisfy { line in !secretVariables.contains { line.hasPrefix($0) } },
             "secrets must not be passed with Environment=")
         #expect(service["StartLimitIntervalSec"] == nil && service["StartLimitBurst"] == nil)
+    }
+
+    /// The sockets the daemon tells apart by name, the service they activate, and the packet filter the service's
+    /// own does not cover (systemd creates these sockets).
+    @Test func socketsAreNamedForTheDaemon() throws {
+        for (file, name) in zip(Self.socketFiles, ["public", "internal"]) {
+            let socket = try #require(Self.parse(String(contentsOf: file, encoding: .utf8))["Socket"], "\(file.path)")
+            #expect(socket["FileDescriptorName"] == [name], "\(file.lastPathComponent)")
+            #expect(socket["IPAddressDeny"] == ["any"] && socket["IPAddressAllow"] == ["localhost"], "\(file.lastPathComponent)")
+            #expect(socket["ListenStream"]?.count == 1, "\(file.lastPathComponent)")
+        }
+        let internalSocket = try #require(Self.parse(String(contentsOf: Self.socketFiles[1], encoding: .utf8))["Socket"])
+        #expect(internalSocket["Service"] == ["metricsd.service"])
     }
 
     /// `[Section]` → key → values, comments and blank lines skipped.

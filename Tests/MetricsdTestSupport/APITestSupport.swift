@@ -42,7 +42,7 @@ package enum APIServer {
             requestLog: RequestLog(mode: requestLog, logger: logger))
         let bound = AsyncStream<Int>.makeStream()
         let server = buildAPIServer(
-            dependencies, address: ListenAddress(host: "127.0.0.1", port: 0), requestTimeout: .seconds(10),
+            dependencies, socket: .bind(ListenAddress(host: "127.0.0.1", port: 0)), requestTimeout: .seconds(10),
             idleTimeout: .seconds(60),
             onServerRunning: { channel in
                 bound.continuation.yield(channel.localAddress?.port ?? 0)

@@ -25,7 +25,7 @@ enum ArgumentPreflight {
         (RecomputeCancel.self, databaseSettings),
         (Skipped.self, databaseSettings),
         (Status.self, databaseSettings + ["METRICSD_DAILY_AT"]),
-        (Healthcheck.self, ["METRICSD_LISTEN", "METRICSD_ENV_FILE"]),
+        (Healthcheck.self, ["METRICSD_LISTEN", "METRICSD_INTERNAL_LISTEN", "METRICSD_TLS", "METRICSD_ENV_FILE"]),
         (CheckConfig.self, nil),
     ]
 

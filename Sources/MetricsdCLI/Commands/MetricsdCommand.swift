@@ -18,7 +18,7 @@ public struct MetricsdCommand: AsyncParsableCommand {
         version: BuildInfo.versionText,
         subcommands: [
             Serve.self, Migrate.self, RecomputeAll.self, RecomputeStatus.self, RecomputeCancel.self, Skipped.self,
-            Status.self, Healthcheck.self, CheckConfig.self, GenerateDocs.self,
+            Status.self, Healthcheck.self, CheckConfig.self, GenerateDocs.self, RefreshCredentials.self,
         ],
         defaultSubcommand: Serve.self)
 

@@ -17,7 +17,8 @@ import MetricsdPostgres
 /// summed up after them.
 public struct ConfigCheck: Sendable {
     public private(set) var problems: [(setting: String, problem: String)] = []
-    /// Secrets other local users can read: reported, not failed.
+    /// Secrets other local users can read, and other risks (an admin API reachable from other hosts): reported,
+    /// not failed.
     public private(set) var warnings: [SecretExposure.Warning] = []
     /// Lines of the summary ("what was checked"), printed in either case.
     public private(set) var summary: [(label: String, text: String)] = []
@@ -81,6 +82,18 @@ public struct ConfigCheck: Sendable {
             do {
                 let configuration = try Configuration(environment: environment)
                 _ = try configuration.connectionSettings(environment: environment)
+                if let tls = configuration.tls {
+                    do {
+                        let expiry = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
+                        let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap { $0 }
+                        check.note("tls", "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(expiry))")
+                        if tls.onInternal && configuration.internalListen == nil {
+                            check.problem("METRICSD_TLS", "\(tls.onPublic ? "both" : "internal"), but there is no internal listener (METRICSD_INTERNAL_LISTEN)")
+                        }
+                    } catch {
+                        check.problem("METRICSD_TLS", error.message)
+                    }
+                }
                 let budget = DescriptorBudget(configuration: configuration)
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
@@ -93,15 +106,22 @@ public struct ConfigCheck: Sendable {
             }
         }
         // 5. Listeners.
-        for name in ["METRICSD_LISTEN", "METRICSD_METRICS_LISTEN"] {
+        let internalNames = ["METRICSD_INTERNAL_LISTEN", "METRICSD_METRICS_LISTEN"]
+        for name in ["METRICSD_LISTEN"] + internalNames {
             let text = environment[name].flatMap { $0.isEmpty ? nil : $0 } ?? (name == "METRICSD_LISTEN" ? "127.0.0.1:8080" : nil)
-            guard let text, let address = ListenAddress(parsing: text) else {
-                if name == "METRICSD_METRICS_LISTEN" && environment[name].map({ $0.isEmpty }) ?? true {
-                    check.note("metrics", "/metrics on METRICSD_LISTEN")
-                }
-                continue
+            guard let text, let address = ListenAddress(parsing: text) else { continue }
+            if name == "METRICSD_METRICS_LISTEN" {
+                check.warnings.append(
+                    SecretExposure.Warning(
+                        setting: name, text: "the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it"))
             }
             check.checkListener(name, address)
+        }
+        if !internalNames.contains(where: { !(environment[$0] ?? "").isEmpty }) {
+            check.note("internal", "none: /metrics and the admin API on METRICSD_LISTEN (METRICSD_INTERNAL_LISTEN separates them)")
+        }
+        if let proxies = environment["METRICSD_TRUSTED_PROXIES"], let trusted = TrustedProxies(parsing: proxies) {
+            check.note("proxies", "client addresses forwarded by \(trusted) are logged")
         }
         // 6. The database and its schema (whatever else is wrong).
         await check.checkDatabase(environment)
@@ -171,7 +191,16 @@ public struct ConfigCheck: Sendable {
 
     /// Binds the address (then closes it). In use: fine when a metricsd answers `/healthz` there.
     mutating func checkListener(_ name: String, _ address: ListenAddress) {
-        let label = name == "METRICSD_LISTEN" ? "listen" : "metrics"
+        let label = name == "METRICSD_LISTEN" ? "listen" : "internal"
+        if address.unixPath != nil {
+            self.note(label, "\(address) (a Unix socket, made at start)")
+            return
+        }
+        if label == "internal" && !address.isLocal {
+            self.warnings.append(
+                SecretExposure.Warning(
+                    setting: name, text: "\(address) is reachable from other hosts: the admin API is then protected by its token alone (use a loopback address or unix:PATH)"))
+        }
         switch ListenerProbe.bind(address) {
         case .free:
             self.note(label, "\(address) (free)")
@@ -255,6 +284,16 @@ public struct ConfigCheck: Sendable {
             return String(message.dropFirst(prefix.count))
         }
         return message
+    }
+
+    /// Seconds since 1970 as a UTC date and time, `2027-01-31 12:00 UTC`.
+    static func date(_ seconds: Int) -> String {
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        var buffer = [CChar](repeating: 0, count: 32)
+        let count = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M UTC", &parts)
+        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     static func oneLine(_ text: String) -> String {

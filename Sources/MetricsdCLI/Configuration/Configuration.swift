@@ -20,8 +20,15 @@ public struct Configuration: Sendable {
     public var databasePassword: String?
     /// `METRICSD_LISTEN`, default `127.0.0.1:8080`.
     public var listen: ListenAddress
-    /// `METRICSD_METRICS_LISTEN`: a separate listener for `/metrics`; nil serves it on the main listener.
-    public var metricsListen: ListenAddress?
+    /// `METRICSD_INTERNAL_LISTEN` (former name `METRICSD_METRICS_LISTEN`): the internal listener, for `/metrics`,
+    /// the admin API and the health checks (the public one then serves neither `/metrics` nor the admin API); nil
+    /// serves everything on the public listener. Under socket activation a socket named `internal` is used instead.
+    public var internalListen: ListenAddress?
+    /// `METRICSD_TRUSTED_PROXIES`: the peers whose `X-Forwarded-For`/`Forwarded` name the client in the request
+    /// log.
+    public var trustedProxies: TrustedProxies
+    /// `METRICSD_TLS` and the certificate and key (credentials `tls-certificate`, `tls-key`); nil: plain HTTP.
+    public var tls: TLSSettings?
     /// `METRICSD_DAILY_AT`, default `00:05`.
     public var dailyAt: DailyTime
     /// `METRICSD_LOG_LEVEL`, default `info`.
@@ -91,7 +98,12 @@ public struct Configuration: Sendable {
         self.listen = try reader.parse("METRICSD_LISTEN", default: ListenAddress(host: "127.0.0.1", port: 8080)) {
             ListenAddress(parsing: $0)
         }
-        self.metricsListen = try reader.parseOptional("METRICSD_METRICS_LISTEN") { ListenAddress(parsing: $0) }
+        self.listen = try Self.publicListener(self.listen)
+        self.internalListen = try Self.internalListener(reader)
+        self.trustedProxies = try reader.parse(
+            "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(), expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
+        ) { TrustedProxies(parsing: $0) }
+        self.tls = try Self.tlsSettings(reader, environment: environment, internalListener: self.internalListen != nil)
         self.dailyAt = try reader.parse("METRICSD_DAILY_AT", default: .default, expected: "HH:MM, e.g. 00:05") {
             DailyTime(parsing: $0)
         }

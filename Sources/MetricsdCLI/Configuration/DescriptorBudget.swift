@@ -29,7 +29,7 @@ public struct DescriptorBudget: Sendable, Equatable {
         self.add("HTTP connections (METRICSD_MAX_CONNECTIONS)", configuration.maxConnections)
         self.add("database pool (METRICSD_DB_POOL_SIZE)", configuration.poolSize)
         self.add("settings listener session", 1)
-        self.add(configuration.metricsListen == nil ? "listening socket" : "listening sockets", configuration.metricsListen == nil ? 1 : 2)
+        self.add(configuration.internalListen == nil ? "listening socket" : "listening sockets", configuration.internalListen == nil ? 1 : 2)
         self.add("reserve", Self.reserve())
     }
 

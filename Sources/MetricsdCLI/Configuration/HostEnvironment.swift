@@ -30,12 +30,18 @@ public struct HostEnvironment: Sendable {
         public let storeName: String
         public let fileVariable: String
         public let variable: String?
+        /// False for the TLS certificate: it is public, only its key is secret.
+        public var isSecret = true
     }
 
     public static let credentials: [Credential] = [
         Credential(id: "jwt-secret", storeName: "metricsd-jwt-secret", fileVariable: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET"),
         Credential(id: "admin-token", storeName: "metricsd-admin-token", fileVariable: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN"),
         Credential(id: "db-password", storeName: "metricsd-db-password", fileVariable: "METRICSD_DB_PASSWORD_FILE", variable: nil),
+        Credential(
+            id: "tls-certificate", storeName: "metricsd-tls-certificate", fileVariable: "METRICSD_TLS_CERTIFICATE_FILE",
+            variable: nil, isSecret: false),
+        Credential(id: "tls-key", storeName: "metricsd-tls-key", fileVariable: "METRICSD_TLS_KEY_FILE", variable: nil),
     ]
 
     /// The environment to configure from.

@@ -40,7 +40,7 @@ public enum SecretExposure {
         let origin = Origin(settingsFile: settingsFile, settingsFromFile: settingsFromFile, underSystemd: underSystemd)
         var warnings: [Warning] = []
         let credentialsDirectory = environment["CREDENTIALS_DIRECTORY"].flatMap { $0.isEmpty ? nil : $0 }
-        for credential in HostEnvironment.credentials {
+        for credential in HostEnvironment.credentials where credential.isSecret {
             let home = "/etc/credstore/\(credential.storeName) (root:root, 0600), which the unit passes as the credential \(credential.id) (LoadCredential=)"
             if let variable = credential.variable, let value = environment[variable], !value.isEmpty {
                 warnings.append(

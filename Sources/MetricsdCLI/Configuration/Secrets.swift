@@ -17,6 +17,10 @@ public enum Secrets {
         credential: String, file fileVariable: String?, variable: String?, environment: [String: String]
     ) throws(ConfigurationError) -> String? {
         if let directory = environment["CREDENTIALS_DIRECTORY"], !directory.isEmpty {
+            // A copy refreshed since the start (`metricsd refresh-credentials`, the unit's ExecReload=) wins.
+            if let refreshed = Self.refreshedCopy(credential, environment: environment) {
+                return try Self.readFile(refreshed, what: "credential \(credential)")
+            }
             let path = directory + "/" + credential
             if FileManager.default.fileExists(atPath: path) {
                 return try Self.readFile(path, what: "credential \(credential)")
@@ -29,6 +33,19 @@ public enum Secrets {
             return value
         }
         return nil
+    }
+
+    /// Where `metricsd refresh-credentials` puts the credentials it refreshes: `credentials/` in the service's
+    /// runtime directory (`$RUNTIME_DIRECTORY`, /run/metricsd).
+    public static func refreshDirectory(environment: [String: String]) -> String {
+        let runtime = environment["RUNTIME_DIRECTORY"].flatMap { $0.isEmpty ? nil : $0.split(separator: ":").first.map(String.init) }
+        return (runtime ?? "/run/metricsd") + "/credentials"
+    }
+
+    static func refreshedCopy(_ credential: String, environment: [String: String]) -> String? {
+        guard environment["RUNTIME_DIRECTORY"].map({ !$0.isEmpty }) ?? false else { return nil }
+        let path = Self.refreshDirectory(environment: environment) + "/" + credential
+        return FileManager.default.fileExists(atPath: path) ? path : nil
     }
 
     static func readFile(_ path: String, what: String) throws(ConfigurationError) -> String {

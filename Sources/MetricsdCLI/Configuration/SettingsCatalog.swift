@@ -15,6 +15,10 @@ public struct Setting: Sendable {
         case integer(ClosedRange<Int>)
         case number(ClosedRange<Double>)
         case address
+        /// `host:port`, or `unix:PATH`.
+        case listener
+        /// Addresses and networks (`10.0.0.0/8`).
+        case networks
         case dailyTime
         case choice([String])
         case conninfo
@@ -73,6 +77,8 @@ public struct Setting: Sendable {
         case .integer(let range): "whole number \(range.lowerBound)-\(range.upperBound)"
         case .number(let range): "number \(Self.format(range.lowerBound))-\(Self.format(range.upperBound))"
         case .address: "host:port ([v6]:port; port 0 picks a free port)"
+        case .listener: "host:port or unix:/absolute/path"
+        case .networks: "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8,::1)"
         case .dailyTime: "HH:MM, 00:00-23:59"
         case .choice(let values): values.joined(separator: " | ")
         case .conninfo: "libpq URI or key=value connection string"
@@ -101,8 +107,16 @@ public struct Setting: Sendable {
                 return "must be a number from \(Self.format(range.lowerBound)) to \(Self.format(range.upperBound)), got \(EnvironmentReader.shown(value))"
             }
         case .address:
-            guard ListenAddress(parsing: value) != nil else {
+            guard let address = ListenAddress(parsing: value), address.unixPath == nil else {
                 return "must be host:port (e.g. 127.0.0.1:8080, [::1]:8080), got \(EnvironmentReader.shown(value))"
+            }
+        case .listener:
+            guard ListenAddress(parsing: value) != nil else {
+                return "must be host:port or unix:/absolute/path (e.g. 127.0.0.1:9464, unix:/run/metricsd/internal.sock), got \(EnvironmentReader.shown(value))"
+            }
+        case .networks:
+            guard TrustedProxies(parsing: value) != nil else {
+                return "must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))"
             }
         case .dailyTime:
             guard DailyTime(parsing: value) != nil else { return "must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))" }
@@ -151,10 +165,33 @@ public enum SettingsCatalog {
             "Seconds a database session is used before a new one replaces it. Sessions keep a time zone's rules once loaded, so after a tzdata update on the database server the daemon follows the new rules within this time (plus one scheduler tick)."
         ),
 
-        Setting("METRICSD_LISTEN", .http, .address, default: "127.0.0.1:8080", "The HTTP API listener."),
         Setting(
-            "METRICSD_METRICS_LISTEN", .http, .address, unset: "/metrics on METRICSD_LISTEN",
-            "A separate listener for /metrics (Prometheus)."),
+            "METRICSD_LISTEN", .http, .address, default: "127.0.0.1:8080",
+            "The public HTTP listener: the user API and the health checks (and /metrics and the admin API while there is no internal listener). Under socket activation (metricsd.socket) the socket unit's ListenStream= is used instead."
+        ),
+        Setting(
+            "METRICSD_INTERNAL_LISTEN", .http, .listener, unset: "everything on METRICSD_LISTEN",
+            "The internal listener, a loopback address or a Unix socket: /metrics, the admin API and the health checks; the public listener then answers 404 for /metrics and /v1/admin/*. Recommended. Under socket activation a socket with FileDescriptorName=internal (metricsd-internal.socket) is used instead."
+        ),
+        Setting(
+            "METRICSD_METRICS_LISTEN", .http, .listener, unset: "none",
+            "The former name of METRICSD_INTERNAL_LISTEN (which also serves the admin API); set only one of them."),
+        Setting(
+            "METRICSD_TLS", .http, .choice(["off", "public", "internal", "both"]), default: "off",
+            "Which listeners speak TLS (1.2 and 1.3 only, forward-secret AEAD ciphers), with the certificate and key from the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate and metricsd-tls-key; enable their LoadCredential= lines). systemctl reload picks up a renewed certificate without dropping a connection."
+        ),
+        Setting(
+            "METRICSD_TLS_CERTIFICATE_FILE", .http, .file, unset: "the tls-certificate credential",
+            "PEM certificate (then its intermediates) for METRICSD_TLS. Under systemd the tls-certificate credential is used instead; by hand, /etc/credstore/metricsd-tls-certificate when readable."
+        ),
+        Setting(
+            "METRICSD_TLS_KEY_FILE", .http, .file, unset: "the tls-key credential",
+            "PEM private key of the TLS certificate. Under systemd the tls-key credential is used instead; by hand, /etc/credstore/metricsd-tls-key when readable."
+        ),
+        Setting(
+            "METRICSD_TRUSTED_PROXIES", .http, .networks, unset: "none: the peer's address",
+            "Reverse proxies whose Forwarded or X-Forwarded-For header names the client in the request log (HTTP_CLIENT). From any other peer these headers are ignored."
+        ),
         Setting(
             "METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS", .http, .number(0.1...600), default: "10",
             "A request's head and body must each arrive within this many seconds."),

@@ -43,6 +43,13 @@ public enum Daemon {
         if let problem = budget.problem(limit: descriptors.soft) {
             return Self.fatal("configuration error: \(problem)", errno: EINVAL, notifier: early)
         }
+        // The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor.
+        let activation: SocketActivation
+        do {
+            activation = try SocketActivation.fromEnvironment()
+        } catch {
+            return Self.fatal("socket activation: \(error)", errno: EBADF, notifier: early)
+        }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
             LogSetup.makeHandler(label: label, format: configuration.logFormat, level: levelBox, environment: environment)
@@ -80,11 +87,32 @@ public enum Daemon {
             logger: logger)
         let assembly = DaemonAssembly(
             configuration: configuration, environment: environment, migrate: migrate, tokens: tokens, pool: pool,
-            registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current, logger: logger)
+            registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current, activation: activation,
+            logger: logger)
+        if activation.isActive {
+            logger.info(
+                "Listening sockets from systemd",
+                metadata: [
+                    "metricsd.socket.public": "\(activation.publicSocket.map { "descriptor \($0)" } ?? "none: binds METRICSD_LISTEN")",
+                    "metricsd.socket.internal": "\(activation.internalSocket.map { "descriptor \($0)" } ?? "none")",
+                ])
+        }
+        if environment["METRICSD_METRICS_LISTEN"].map({ !$0.isEmpty }) ?? false {
+            logger.warning(
+                "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it",
+                metadata: ["metricsd.setting": "METRICSD_METRICS_LISTEN"])
+        }
 
         let code: Int32
         do {
-            try await assembly.group().run()
+            let group: ServiceGroup
+            do {
+                group = try assembly.group()
+            } catch {
+                await pool.close()
+                return Self.fatal("configuration error: METRICSD_TLS: \(error)", errno: EINVAL, notifier: notifier, logger: fatalLogger)
+            }
+            try await group.run()
             if assembly.databasePrepared.isOpen {
                 logger.info("metricsd stopped")
             } else {

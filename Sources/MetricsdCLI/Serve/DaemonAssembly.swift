@@ -33,6 +33,8 @@ struct DaemonAssembly {
     let levelBox: LogLevelBox
     let notifier: SystemdNotifier
     let hooks: DaemonHooks
+    /// The listening sockets systemd passed (socket activation), if any.
+    let activation: SocketActivation
     let logger: Logger
 
     /// Opens once the database answers and the schema is current.
@@ -47,7 +49,7 @@ struct DaemonAssembly {
     init(
         configuration: Configuration, environment: [String: String], migrate: Bool, tokens: TokenVerifier,
         pool: PostgresPool, registry: PrometheusCollectorRegistry, levelBox: LogLevelBox, notifier: SystemdNotifier,
-        hooks: DaemonHooks, logger: Logger
+        hooks: DaemonHooks, activation: SocketActivation = SocketActivation(), logger: Logger
     ) {
         self.configuration = configuration
         self.environment = environment
@@ -58,10 +60,11 @@ struct DaemonAssembly {
         self.levelBox = levelBox
         self.notifier = notifier
         self.hooks = hooks
+        self.activation = activation
         self.logger = logger
     }
 
-    func group() -> ServiceGroup {
+    func group() throws(TLSIdentityError) -> ServiceGroup {
         let configuration = self.configuration
         let formula = configuration.formula
         let identity = Instances.Identity(
@@ -93,11 +96,19 @@ struct DaemonAssembly {
             queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,
             started: self.schedulerStarted, status: status, reporter: reporter, logger: self.logger)
 
+        let tls = try configuration.tls.map { settings throws(TLSIdentityError) in
+            try TLSIdentity(certificate: settings.certificate, key: settings.key)
+        }
         let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
-        let dependencies = HTTPDependencies(
+        let publicSocket = self.activation.publicSocket.map { ListenerSocket.inherited(descriptor: $0, name: "public") }
+            ?? .bind(configuration.listen)
+        let internalSocket = self.activation.internalSocket.map { ListenerSocket.inherited(descriptor: $0, name: "internal") }
+            ?? configuration.internalListen.map { .bind($0) }
+        var dependencies = HTTPDependencies(
             store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
-            formula: formula, prometheus: configuration.metricsListen == nil ? self.registry : nil,
+            formula: formula, prometheus: internalSocket == nil ? self.registry : nil,
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
+        dependencies.trustedProxies = configuration.trustedProxies
         let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
         let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
         let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
@@ -105,8 +116,10 @@ struct DaemonAssembly {
             self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
         )
         let server = buildAPIServer(
-            dependencies, address: configuration.listen, requestTimeout: requestTimeout, idleTimeout: idleTimeout,
-            writeTimeout: writeTimeout, maxConnections: configuration.maxConnections,
+            dependencies, endpoints: internalSocket == nil ? .api : .public, socket: publicSocket,
+            requestTimeout: requestTimeout, idleTimeout: idleTimeout,
+            writeTimeout: writeTimeout, tls: configuration.tls?.onPublic == true ? tls : nil,
+            maxConnections: configuration.maxConnections,
             onServerRunning: { channel in
                 listening.open()
                 guard await started.wait() else { return }
@@ -124,7 +137,7 @@ struct DaemonAssembly {
             logger: self.logger)
         let reload = Reload(
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
-            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, logger: self.logger)
+            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
 
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
@@ -163,15 +176,15 @@ struct DaemonAssembly {
                     SettingsListener(
                         pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
-        if let metricsListen = configuration.metricsListen {
+        if let internalSocket {
             services.append(
                 .init(
                     service: Gated(
                         after: self.databasePrepared,
                         buildAPIServer(
-                            dependencies, endpoints: .metrics(self.registry), address: metricsListen,
+                            dependencies, endpoints: .internal(self.registry), socket: internalSocket,
                             requestTimeout: requestTimeout, idleTimeout: idleTimeout, writeTimeout: writeTimeout,
-                            logger: self.logger))))
+                            tls: configuration.tls?.onInternal == true ? tls : nil, logger: self.logger))))
         }
         services.append(.init(service: Gated(after: self.databasePrepared, server)))
 

@@ -5,8 +5,8 @@ import MetricsdSystemd
 import HealthMetrics
 
 /// `systemctl reload` (SIGHUP): re-reads what can change without a restart — log level, request log, daily time
-/// (from `METRICSD_CONFIG_FILE`) and the secret files (JWT secret or public key, admin token). Everything else
-/// needs a restart. A reload that fails keeps the previous settings and says why in `STATUS=`. Before the daemon
+/// (from `METRICSD_CONFIG_FILE`), the secret files (JWT secret or public key, admin token) and the TLS certificate
+/// and key (new connections get them; open ones keep theirs). Everything else needs a restart. A reload that fails keeps the previous settings and says why in `STATUS=`. Before the daemon
 /// is ready there is nothing to reload into: the signal is logged and ignored (no `RELOADING=1`, whose `READY=1`
 /// would tell systemd the start-up had finished).
 struct Reload: Sendable {
@@ -18,6 +18,8 @@ struct Reload: Sendable {
     let status: StatusBoard
     let notifier: SystemdNotifier
     let ready: Gate
+    /// The listeners' certificate, when TLS is on.
+    var tls: TLSIdentity? = nil
     let logger: Logger
 
     @Sendable func callAsFunction() async {
@@ -30,6 +32,12 @@ struct Reload: Sendable {
             let environment = try ConfigFile.merge(into: self.base)
             let configuration = try Configuration(environment: environment)
             let tokens = try await TokenVerifier(configuration.tokens)
+            if let identity = self.tls {
+                let (certificate, key) = try TLSSettings.read(environment: environment)
+                try identity.replace(certificate: certificate, key: key)
+                self.logger.info(
+                    "TLS certificate loaded", metadata: ["metricsd.tls.valid_until": "\(ConfigCheck.date(identity.notValidAfter))"])
+            }
             self.levelBox.level = configuration.logLevel
             self.dailyAt.value = configuration.dailyAt
             self.requestLog.mode = configuration.requestLog

@@ -5,7 +5,6 @@ import MetricsdPostgres
 import NIOCore
 import Logging
 import Prometheus
-import HummingbirdCore
 
 /// What the HTTP API is built from.
 public struct HTTPDependencies: Sendable {
@@ -20,6 +19,8 @@ public struct HTTPDependencies: Sendable {
     public var maxInFlight: Int
     /// The request log (its mode changes on reload).
     public var requestLog: RequestLog
+    /// Peers whose `Forwarded`/`X-Forwarded-For` name the client in the request log.
+    public var trustedProxies = TrustedProxies()
     /// Requests in flight, shared by every listener.
     package let inFlight = InFlightCounter()
 
@@ -39,24 +40,27 @@ public struct HTTPDependencies: Sendable {
 
 /// Which endpoints a listener serves.
 public enum HTTPEndpoints: Sendable {
-    /// The API (OpenAPI document: `Sources/MetricsdDaemon/Resources/openapi.yaml`), with `/metrics` when the
-    /// dependencies carry a registry.
+    /// Everything on one listener: the API (OpenAPI document: `Sources/MetricsdDaemon/Resources/openapi.yaml`),
+    /// with `/metrics` when the dependencies carry a registry and the admin API when they carry jobs.
     case api
-    /// Only `/metrics`, from this registry (`METRICSD_METRICS_LISTEN`).
-    case metrics(PrometheusCollectorRegistry)
+    /// The public listener beside an internal one: the user API and the health checks only (`/metrics` and the
+    /// admin paths answer 404 there).
+    case `public`
+    /// The internal listener (`METRICSD_INTERNAL_LISTEN`): `/metrics` from this registry, the admin API (when the
+    /// dependencies carry jobs) and the health checks.
+    case `internal`(PrometheusCollectorRegistry)
 
     func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
+        let health = HealthController(store: dependencies.store).endpoints
+        let admin = dependencies.jobs.map { AdminController(jobs: $0, formula: dependencies.formula).endpoints } ?? []
+        let user = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
         switch self {
         case .api:
-            var endpoints = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
-            endpoints += HealthController(store: dependencies.store).endpoints
-            if let registry = dependencies.prometheus { endpoints.append(metricsEndpoint(registry)) }
-            if let jobs = dependencies.jobs {
-                endpoints += AdminController(jobs: jobs, formula: dependencies.formula).endpoints
-            }
-            return endpoints
-        case .metrics(let registry):
-            return [metricsEndpoint(registry)]
+            return user + health + (dependencies.prometheus.map { [metricsEndpoint($0)] } ?? []) + admin
+        case .public:
+            return user + health
+        case .internal(let registry):
+            return [metricsEndpoint(registry)] + health + admin
         }
     }
 }
@@ -80,13 +84,14 @@ func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
 ///   - idleTimeout: between a reply and the next request.
 ///   - writeTimeout: for a reply the client does not take (closing replies included).
 package func buildAPIServer(
-    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, address: ListenAddress,
-    requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10),
+    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, socket: ListenerSocket,
+    requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10), tls: TLSIdentity? = nil,
     maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
-) -> Server<MetricsdHTTPChannel> {
+) -> HTTPServer {
     buildHTTPServer(
         endpoints: endpoints.list(dependencies), credentials: dependencies.credentials, inFlight: dependencies.inFlight,
-        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, address: address,
-        timeouts: HTTPTimeouts(request: requestTimeout, idle: idleTimeout, write: writeTimeout), maxConnections: maxConnections,
+        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, socket: socket,
+        timeouts: HTTPTimeouts(request: requestTimeout, idle: idleTimeout, write: writeTimeout),
+        proxies: dependencies.trustedProxies, tls: tls, maxConnections: maxConnections,
         onServerRunning: onServerRunning, logger: logger)
 }

@@ -76,7 +76,7 @@ package enum IfNoneMatch: Equatable, Sendable {
 
 extension Substring {
     /// Without leading and trailing spaces and tabs (HTTP's optional whitespace).
-    fileprivate func trimmingOWS() -> Substring {
+    func trimmingOWS() -> Substring {
         var slice = self
         while let first = slice.first, first == " " || first == "\t" { slice = slice.dropFirst() }
         while let last = slice.last, last == " " || last == "\t" { slice = slice.dropLast() }

@@ -6,10 +6,12 @@ import NIOCore
 import NIOHTTP1
 import Synchronization
 
-/// Where a connection's work runs: its event loop, and its own task.
+/// Where a connection's work runs: its event loop, and its own task; and who the request is from.
 package struct ConnectionContext: Sendable {
     let eventLoop: any EventLoop
     let worker: ConnectionWorker
+    /// The client's address for the request log (``TrustedProxies``).
+    var client: String = ""
 }
 
 /// The one path every HTTP request takes, whatever its route.
@@ -59,7 +61,9 @@ final class APIDispatcher: Sendable {
         let fields = RequestFields(head.headers)
         let method = HTTPRequest.Method(head.method)
         let requestID = Self.requestID(from: fields.requestID)
-        let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: started, completion: completion)
+        let finish = Finish(
+            dispatcher: self, method: method, requestID: requestID, client: connection.client, started: started,
+            completion: completion)
         let endpoint: Endpoint
         let parameter: Substring?
         switch self.routes.match(method: method, target: head.uri) {
@@ -133,10 +137,14 @@ final class APIDispatcher: Sendable {
 
     /// A request the connection answers before reading its body (over the size limit, an unknown expectation);
     /// `completion` runs at once.
-    func refuse(_ head: HTTPRequestHead, _ refusal: ConnectionStateMachine.Refusal, completion: @escaping (Reply, String) -> Void) {
+    func refuse(
+        _ head: HTTPRequestHead, _ refusal: ConnectionStateMachine.Refusal, client: String,
+        completion: @escaping (Reply, String) -> Void
+    ) {
         let method = HTTPRequest.Method(head.method)
         let requestID = Self.requestID(from: RequestFields(head.headers).requestID)
-        let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: .now, completion: completion)
+        let finish = Finish(
+            dispatcher: self, method: method, requestID: requestID, client: client, started: .now, completion: completion)
         switch refusal {
         case .bodyTooLarge:
             finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
@@ -195,6 +203,7 @@ final class APIDispatcher: Sendable {
         let dispatcher: APIDispatcher
         let method: HTTPRequest.Method
         let requestID: String
+        let client: String
         let started: ContinuousClock.Instant
         let completion: (Reply, String) -> Void
 
@@ -207,7 +216,7 @@ final class APIDispatcher: Sendable {
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(
                 method: self.method, route: route, status: status, started: self.started, userID: userID,
-                requestID: self.requestID)
+                requestID: self.requestID, client: self.client)
             self.completion(reply, self.requestID)
         }
     }

@@ -18,8 +18,10 @@ public enum RequestLogMode: String, Sendable, CaseIterable {
 }
 
 /// One structured line per request, the same for every route: method, route template, status, duration, the
-/// user id when authenticated and the request id, as journal fields (`HTTP_METHOD`, `HTTP_ROUTE`, `HTTP_STATUS`,
-/// `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`), so `journalctl -u metricsd USER_ID=42` finds a user's requests.
+/// user id when authenticated, the request id and the client's address, as journal fields (`HTTP_METHOD`,
+/// `HTTP_ROUTE`, `HTTP_STATUS`, `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`, `HTTP_CLIENT`), so
+/// `journalctl -u metricsd USER_ID=42` finds a user's requests. The client is the connection's peer, or behind a
+/// trusted proxy the address it forwarded (``TrustedProxies``).
 ///
 /// The mode changes on reload (SIGHUP). Lines are written at `info` whatever `METRICSD_LOG_LEVEL` says: the
 /// request log has its own switch.
@@ -43,7 +45,7 @@ public final class RequestLog: Sendable {
 
     func record(
         method: HTTPRequest.Method, route: String, status: Int, started: ContinuousClock.Instant, userID: Int64?,
-        requestID: String
+        requestID: String, client: String = ""
     ) {
         switch self.mode {
         case .off: return
@@ -58,6 +60,7 @@ public final class RequestLog: Sendable {
             "metricsd.http.status": .stringConvertible(status), "metricsd.http.duration_ms": .string(milliseconds),
             "metricsd.request.id": .string(requestID),
         ]
+        if !client.isEmpty { metadata["metricsd.http.client"] = .string(client) }
         if let userID { metadata["metricsd.user.id"] = .stringConvertible(userID) }
         self.logger.log(
             level: .info, "\(method.rawValue) \(route) \(status) \(milliseconds) ms", metadata: metadata)

@@ -19,7 +19,9 @@ final class ConnectionLimit: Sendable {
     }
 }
 
-/// The whole pipeline of a connection over the limit: a `503` that says so, then close. Nothing is read.
+/// The whole pipeline of a connection over the limit: a `503` that says so (or, over TLS, nothing), then end of
+/// output. What the client sent is read and dropped until it closes or the deadline passes: closing a socket with
+/// unread bytes would reset the connection, and the client could lose the 503 it was about to read.
 final class ConnectionRefusal: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -33,9 +35,15 @@ final class ConnectionRefusal: ChannelDuplexHandler {
     }()
 
     private let deadline: TimeAmount
+    private let sendsReply: Bool
+    private var refused = false
 
-    init(deadline: TimeAmount) {
+    /// - Parameters:
+    ///   - deadline: the connection is closed after it whatever the client does.
+    ///   - reply: whether to write the 503 (false over TLS: the connection just ends).
+    init(deadline: TimeAmount, reply: Bool = true) {
         self.deadline = deadline
+        self.sendsReply = reply
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -47,14 +55,28 @@ final class ConnectionRefusal: ChannelDuplexHandler {
         context.fireChannelActive()
     }
 
-    func read(context: ChannelHandlerContext) {}
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed { context.close(promise: nil) }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
 
     private func refuse(_ context: ChannelHandlerContext) {
+        guard !self.refused else { return }
+        self.refused = true
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
         context.eventLoop.scheduleTask(in: self.deadline) { bound.value.close(promise: nil) }
+        guard self.sendsReply else {
+            context.close(promise: nil)
+            return
+        }
         context.writeAndFlush(self.wrapOutboundOut(Self.reply)).flatMap {
             bound.value.close(mode: .output)
-        }.whenComplete { _ in
+        }.whenFailure { _ in
             bound.value.close(promise: nil)
         }
     }

@@ -1,7 +1,7 @@
 /// A connection's own task, for the work of its requests that does not belong on the event loop: async
 /// handlers (database writes, admin operations), the rest of a callback handler that needs one (a just-onboarded
-/// user's metrics, computed on request), and slow token checks. HummingbirdCore gives every connection a task
-/// (``MetricsdHTTPChannel/handle(value:logger:)``), which runs ``run()``: jobs run one at a time, in order, and
+/// user's metrics, computed on request), and slow token checks. ``HTTPServer`` gives every connection a task
+/// (``HTTPChannelSetup/handle(_:)``), which runs ``run()``: jobs run one at a time, in order, and
 /// are cancelled with that task when the server is torn down.
 ///
 /// At most one job is queued or running per connection: NIO's pipeline handler lets the next request in only

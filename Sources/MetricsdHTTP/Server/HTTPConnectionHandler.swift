@@ -33,6 +33,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     private let dispatcher: APIDispatcher
     private let worker: ConnectionWorker
+    private let proxies: TrustedProxies
+    /// The connection's remote address, described once.
+    private var peer: TrustedProxies.Peer?
     private var machine: ConnectionStateMachine
     /// Replies are written one at a time: a reply that becomes ready while another one's end is being written
     /// (NIO's pipeline handler delivers the next pipelined request from inside that write, and an immediate
@@ -42,9 +45,13 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var timer: Scheduled<Void>?
     private var context: ChannelHandlerContext?
 
-    init(dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts, now: NIODeadline) {
+    init(
+        dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
+        now: NIODeadline
+    ) {
         self.dispatcher = dispatcher
         self.worker = worker
+        self.proxies = proxies
         self.machine = ConnectionStateMachine(timeouts: timeouts, maxBodySize: APIDispatcher.maxBodySize, now: now)
     }
 
@@ -118,14 +125,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             break
         case .dispatch(let head, let body):
             let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            self.dispatcher.respond(
-                to: head, body: body, connection: ConnectionContext(eventLoop: context.eventLoop, worker: self.worker)
-            ) { reply, requestID in
+            let connection = ConnectionContext(
+                eventLoop: context.eventLoop, worker: self.worker, client: self.client(of: head, context: context))
+            self.dispatcher.respond(to: head, body: body, connection: connection) { reply, requestID in
                 bound.value.replyReady(reply, requestID: requestID)
             }
         case .refuse(let head, let refusal):
             let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            self.dispatcher.refuse(head, refusal) { reply, requestID in
+            self.dispatcher.refuse(head, refusal, client: self.client(of: head, context: context)) { reply, requestID in
                 bound.value.replyReady(reply, requestID: requestID)
             }
         case .sendContinue:
@@ -143,6 +150,18 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
             self.closeAfterFlush(context: context)
         }
+    }
+
+    /// The request's client for the request log: the peer, or behind a trusted proxy the address it forwarded.
+    private func client(of head: HTTPRequestHead, context: ChannelHandlerContext) -> String {
+        let peer = self.peer ?? TrustedProxies.Peer(context.channel.remoteAddress)
+        self.peer = peer
+        guard !self.proxies.isEmpty else { return peer.text }
+        let forwarded = head.headers["forwarded"]
+        let forwardedFor = head.headers["x-forwarded-for"]
+        return self.proxies.client(
+            peer: peer, forwarded: forwarded.isEmpty ? nil : forwarded.joined(separator: ", "),
+            forwardedFor: forwardedFor.isEmpty ? nil : forwardedFor.joined(separator: ", "))
     }
 
     // MARK: Outbound

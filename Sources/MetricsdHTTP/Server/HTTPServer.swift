@@ -1,97 +1,110 @@
-import HummingbirdCore
 import Logging
 import NIOCore
-import NIOHTTP1
+import NIOExtras
 import NIOPosix
+import ServiceLifecycle
 
-/// The HTTP/1.1 server of the API: the daemon serves it, and so do the HTTP test suites.
-///
-/// HummingbirdCore's server (bootstrap, graceful quiescing as a `Service`, a task per connection), NIO's HTTP/1
-/// server pipeline (`configureHTTPServerPipeline`: decoder, encoder, pipelining order, half-close, HEAD framing,
-/// parse errors), and ``HTTPConnectionHandler``, which hands every request to the one ``APIDispatcher`` and writes
-/// the replies with back-pressure and a deadline in every state.
-///
-/// - Parameters:
-///   - endpoints: what the server answers.
-///   - credentials: the token checks of `.user` and `.admin` endpoints (replaced on reload).
-///   - inFlight: requests in flight, shared by every listener of the process; beyond `maxInFlight` a request
-///     gets an immediate 503.
-///   - maxConnections: connections beyond it are accepted, answered 503 and closed at once (a client learns at
-///     once; nothing waits in a queue).
-///   - onServerRunning: called once the listener is bound, with its channel (for the bound address).
-package func buildHTTPServer(
-    endpoints: [Endpoint], credentials: CredentialBox, inFlight: InFlightCounter, maxInFlight: Int,
-    requestLog: RequestLog, address: ListenAddress, timeouts: HTTPTimeouts,
-    maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
-) -> Server<MetricsdHTTPChannel> {
-    let dispatcher = APIDispatcher(
-        endpoints: endpoints, credentials: credentials, inFlight: inFlight, maxInFlight: maxInFlight,
-        requestLog: requestLog, logger: logger)
-    let channel = MetricsdHTTPChannel(
-        dispatcher: dispatcher, timeouts: timeouts, connections: maxConnections.map { ConnectionLimit($0) })
-    let configuration = ServerConfiguration(
-        address: .hostname(address.host, port: address.port), serverName: nil, reuseAddress: true)
-    return Server(
-        childChannelSetup: channel, configuration: configuration, onServerRunning: onServerRunning,
-        eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: logger)
+/// Where a listener's socket comes from.
+package enum ListenerSocket: Sendable, CustomStringConvertible {
+    /// The server binds it.
+    case bind(ListenAddress)
+    /// A listening socket handed over by systemd (socket activation), with its `FileDescriptorName=`.
+    case inherited(descriptor: CInt, name: String)
+
+    package var description: String {
+        switch self {
+        case .bind(let address): address.description
+        case .inherited(let descriptor, let name): "socket \(name) (descriptor \(descriptor), from systemd)"
+        }
+    }
 }
 
-/// One HTTP/1.1 connection's pipeline and task (see ``buildHTTPServer``).
-package struct MetricsdHTTPChannel: ServerChildChannel {
-    /// A connection: its channel, and the worker its task runs.
-    package struct Connection: ServerChildChannelValue {
-        package let channel: any Channel
-        let worker: ConnectionWorker
+/// The HTTP/1.1 server of one listener, as a `Service`: the daemon runs one per listener, and so do the HTTP test
+/// suites.
+///
+/// NIO's `ServerBootstrap` binds the address, or takes a socket systemd already bound (socket activation,
+/// `bind(_:)` with a descriptor, which HummingbirdCore's server cannot take); each accepted connection
+/// gets the pipeline of ``HTTPChannelSetup`` and a task of its own. Graceful shutdown is NIO's
+/// `ServerQuiescingHelper`: it closes this process's listening socket (one systemd holds stays open, and what
+/// queues in it waits for the next process), then tells every connection to finish (``DrainGate``), and the
+/// server returns once the last one has closed.
+package final class HTTPServer: Service, Sendable {
+    private let socket: ListenerSocket
+    private let setup: HTTPChannelSetup
+    private let onRunning: (@Sendable (any Channel) async -> Void)?
+    private let logger: Logger
+    private let quiescing = ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton)
+
+    /// - Parameter onRunning: called once the listener accepts, with its channel (for the bound address).
+    package init(
+        socket: ListenerSocket, setup: HTTPChannelSetup, onRunning: (@Sendable (any Channel) async -> Void)? = nil,
+        logger: Logger
+    ) {
+        self.socket = socket
+        self.setup = setup
+        self.onRunning = onRunning
+        self.logger = logger
     }
 
-    let dispatcher: APIDispatcher
-    let timeouts: HTTPTimeouts
-    let connections: ConnectionLimit?
-
-    /// Header limits of Hummingbird's default HTTP/1 configuration.
-    private static let decoderLimits: NIOHTTPDecoderLimitConfiguration = {
-        let decoder = HTTP1Channel.Configuration().httpDecoder
-        var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderFieldSize = decoder.maxHeaderFieldSize
-        limits.maxHeaderListSize = decoder.maxHeaderListSize
-        limits.maxHeaderFieldCount = decoder.maxHeaderFieldCount
-        return limits
-    }()
-
-    package func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Connection> {
-        channel.eventLoop.makeCompletedFuture {
-            let worker = ConnectionWorker()
-            if let connections = self.connections, !connections.admit(channel) {
-                worker.finish()
-                try channel.pipeline.syncOperations.addHandler(ConnectionRefusal(deadline: self.timeouts.write))
-                return Connection(channel: channel, worker: worker)
+    package func run() async throws {
+        let server = try await self.listen()
+        let (setup, logger) = (self.setup, self.logger)
+        await withGracefulShutdownHandler {
+            await self.onRunning?(server.channel)
+            await withDiscardingTaskGroup { group in
+                do {
+                    try await server.executeThenClose { inbound in
+                        for try await connection in inbound {
+                            group.addTask { await setup.handle(connection) }
+                        }
+                    }
+                } catch {
+                    logger.error("Listener failed", metadata: ["metricsd.error": "\(error)"])
+                }
             }
-            // One read takes at most `readLimit` bytes: what a pipelining client can make the server parse and
-            // hold while a reply is pending (NIO's pipeline handler stops reading until it has ended).
-            let options = channel.syncOptions
-            try options?.setOption(
-                ChannelOptions.recvAllocator,
-                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: HTTPConnectionHandler.readLimit))
-            try options?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
-            let pipeline = channel.pipeline.syncOperations
-            try pipeline.configureHTTPServerPipeline(
-                withPipeliningAssistance: true, withErrorHandling: false, withEncoderConfiguration: .init(),
-                withDecoderLimitConfiguration: Self.decoderLimits)
-            try pipeline.addHandler(
-                HTTPConnectionHandler(
-                    dispatcher: self.dispatcher, worker: worker, timeouts: self.timeouts, now: channel.eventLoop.now))
-            return Connection(channel: channel, worker: worker)
+        } onGracefulShutdown: {
+            self.initiateShutdown(promise: nil)
         }
     }
 
-    /// The connection's task: runs its worker's jobs until the connection closes; cancelled (server torn down),
-    /// it closes the connection.
-    package func handle(value: Connection, logger: Logger) async {
-        let channel = value.channel
-        await withTaskCancellationHandler {
-            await value.worker.run()
-        } onCancel: {
-            channel.close(promise: nil)
+    /// Stops accepting, lets every connection finish, and returns once all have closed (the HTTP test suites call
+    /// this; the daemon stops the server through its service group).
+    package func shutdownGracefully() async throws {
+        let promise = MultiThreadedEventLoopGroup.singleton.next().makePromise(of: Void.self)
+        self.initiateShutdown(promise: promise)
+        try await promise.futureResult.get()
+    }
+
+    private func initiateShutdown(promise: EventLoopPromise<Void>?) {
+        self.quiescing.initiateShutdown(promise: promise)
+    }
+
+    private func listen() async throws -> NIOAsyncChannel<HTTPChannelSetup.Connection, Never> {
+        let quiescing = self.quiescing
+        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(ChannelOptions.backlog, value: 256)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(quiescing.makeServerChannelHandler(channel: channel))
+                }
+            }
+            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+        let setup = self.setup
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<HTTPChannelSetup.Connection> = { setup.configure($0) }
+        let server: NIOAsyncChannel<HTTPChannelSetup.Connection, Never>
+        switch self.socket {
+        case .bind(let address):
+            if let path = address.unixPath {
+                server = try await bootstrap.bind(
+                    unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
+            } else {
+                server = try await bootstrap.serverChannelOption(ChannelOptions.socketOption(.so_reuseaddr), value: 1)
+                    .bind(host: address.host, port: address.port, childChannelInitializer: initializer)
+            }
+        case .inherited(let descriptor, _):
+            server = try await bootstrap.bind(descriptor, childChannelInitializer: initializer)
         }
+        self.logger.debug("Listening", metadata: ["metricsd.listen": "\(self.socket)"])
+        return server
     }
 }

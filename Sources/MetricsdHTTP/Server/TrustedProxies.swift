@@ -1,0 +1,139 @@
+import Glibc
+import NIOCore
+
+/// `METRICSD_TRUSTED_PROXIES`: the peers (a reverse proxy in front of metricsd) whose `Forwarded` or
+/// `X-Forwarded-For` header names the client in the request log. A header from any other peer — an internet
+/// client sending one directly — is ignored: the log shows the peer's own address.
+public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
+    /// An address and prefix length: `10.0.0.0/8`, `::1/128`.
+    struct Network: Sendable, Equatable {
+        let bytes: [UInt8]
+        let prefix: Int
+
+        func contains(_ address: [UInt8]) -> Bool {
+            guard address.count == self.bytes.count else { return false }
+            var remaining = self.prefix
+            for index in 0..<address.count where remaining > 0 {
+                let bits = min(8, remaining)
+                let mask = UInt8(truncatingIfNeeded: 0xFF << (8 - bits))
+                if address[index] & mask != self.bytes[index] & mask { return false }
+                remaining -= bits
+            }
+            return true
+        }
+    }
+
+    let networks: [Network]
+    private let text: String
+
+    /// No trusted proxy (the default): every request is logged with its peer's address.
+    public init() {
+        self.networks = []
+        self.text = ""
+    }
+
+    /// Addresses and networks separated by commas or spaces: `127.0.0.1, ::1, 10.0.0.0/8`.
+    public init?(parsing text: String) {
+        var networks: [Network] = []
+        for item in text.split(whereSeparator: { $0 == "," || $0 == " " }) {
+            let parts = item.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let bytes = Self.address(String(parts[0])) else { return nil }
+            var prefix = bytes.count * 8
+            if parts.count == 2 {
+                guard let value = Int(parts[1]), (0...bytes.count * 8).contains(value) else { return nil }
+                prefix = value
+            }
+            networks.append(Network(bytes: bytes, prefix: prefix))
+        }
+        guard !networks.isEmpty else { return nil }
+        self.networks = networks
+        self.text = text
+    }
+
+    public var isEmpty: Bool { self.networks.isEmpty }
+    public var description: String { self.isEmpty ? "none" : self.text }
+
+    func trusts(_ address: [UInt8]) -> Bool { self.networks.contains { $0.contains(address) } }
+
+    /// The client of a request from `peer` (the connection's remote address, already described) with these header
+    /// values: the peer itself unless it is trusted; then the nearest address in `Forwarded` (else
+    /// `X-Forwarded-For`), read from the right, that is not itself a trusted proxy. An entry that is not an
+    /// address stops the walk at the last trusted hop.
+    func client(peer: Peer, forwarded: String?, forwardedFor: String?) -> String {
+        guard let peerBytes = peer.bytes, self.trusts(peerBytes) else { return peer.text }
+        let hops: [Substring]
+        if let forwarded {
+            hops = Self.forwardedFor(forwarded)
+        } else if let forwardedFor {
+            hops = forwardedFor.split(separator: ",").map { $0.trimmingOWS() }
+        } else {
+            return peer.text
+        }
+        var client = peer.text
+        for hop in hops.reversed() {
+            let text = Self.stripPort(hop)
+            guard let bytes = Self.address(String(text)) else { break }
+            client = Self.describe(bytes)
+            if !self.trusts(bytes) { break }
+        }
+        return client
+    }
+
+    /// The `for=` values of a `Forwarded` header (RFC 7239), in order.
+    static func forwardedFor(_ header: String) -> [Substring] {
+        var hops: [Substring] = []
+        for element in header.split(separator: ",") {
+            for pair in element.split(separator: ";") {
+                let trimmed = pair.trimmingOWS()
+                guard trimmed.count > 4, trimmed.prefix(4).lowercased() == "for=" else { continue }
+                var value = trimmed.dropFirst(4)
+                if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = value.dropFirst().dropLast() }
+                hops.append(value)
+            }
+        }
+        return hops
+    }
+
+    /// `[2001:db8::1]:4711` → `2001:db8::1`, `192.0.2.1:80` → `192.0.2.1`; a bare address unchanged.
+    static func stripPort(_ hop: Substring) -> Substring {
+        if hop.hasPrefix("["), let close = hop.firstIndex(of: "]") { return hop[hop.index(after: hop.startIndex)..<close] }
+        if hop.filter({ $0 == ":" }).count == 1, let colon = hop.firstIndex(of: ":") { return hop[..<colon] }
+        return hop
+    }
+
+    /// The bytes of an IPv4 (4) or IPv6 (16) address; an IPv4-mapped IPv6 address as IPv4.
+    static func address(_ text: String) -> [UInt8]? {
+        var v4 = in_addr()
+        if inet_pton(AF_INET, text, &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, text, &v6) == 1 else { return nil }
+        let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+        if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF { return Array(bytes[12...]) }
+        return bytes
+    }
+
+    static func describe(_ bytes: [UInt8]) -> String {
+        var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+        let family = bytes.count == 4 ? AF_INET : AF_INET6
+        let ok = bytes.withUnsafeBytes { inet_ntop(family, $0.baseAddress, &buffer, socklen_t(buffer.count)) != nil }
+        return ok ? String(cString: buffer) : "?"
+    }
+
+    /// A connection's remote address, as logged and as matched.
+    struct Peer: Sendable {
+        let text: String
+        let bytes: [UInt8]?
+
+        init(_ address: SocketAddress?) {
+            switch address {
+            case .v4, .v6:
+                let bytes = address?.ipAddress.flatMap { TrustedProxies.address($0) }
+                (self.text, self.bytes) = (bytes.map { TrustedProxies.describe($0) } ?? "unknown", bytes)
+            case .unixDomainSocket:
+                (self.text, self.bytes) = ("unix", nil)
+            case .none:
+                (self.text, self.bytes) = ("unknown", nil)
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+import MetricsdSystemd
+import Testing
+
+/// The sockets systemd passes, told apart by `FileDescriptorName=`. (Taking them from a real systemd is the
+/// package's test, and from systemd's own `systemd-socket-activate` the daemon's: FrontDoorTests.)
+@Suite struct SocketActivationTests {
+    @Test func namesPickTheListener() throws {
+        let both = try SocketActivation.classify([(3, "public"), (4, "internal")]) { _ in true }
+        #expect(both == SocketActivation(publicSocket: 3, internalSocket: 4))
+        // A socket unit without FileDescriptorName= is named after the unit.
+        #expect(try SocketActivation.classify([(3, "metricsd.socket")]) { _ in true } == SocketActivation(publicSocket: 3))
+        #expect(try SocketActivation.classify([(3, "internal")]) { _ in true } == SocketActivation(internalSocket: 3))
+        #expect(try !SocketActivation.classify([]) { _ in true }.isActive)
+    }
+
+    @Test func whatCannotBeUsedIsOneClearError() {
+        let cases: [([(descriptor: Int32, name: String)], String)] = [
+            ([(3, "public"), (4, "public")], "systemd passed two public sockets: give one socket FileDescriptorName=public"),
+            ([(3, "internal"), (4, "internal")], "systemd passed two sockets named internal: give one socket FileDescriptorName=internal"),
+            ([(3, "admin")], "systemd passed a socket named admin: name it FileDescriptorName=public or FileDescriptorName=internal"),
+        ]
+        for (passed, message) in cases {
+            #expect(throws: SocketActivationError.self) { try SocketActivation.classify(passed) { _ in true } }
+            do {
+                _ = try SocketActivation.classify(passed) { _ in true }
+            } catch let error as SocketActivationError {
+                #expect(error.message == message)
+            } catch {
+                Issue.record("unexpected \(error)")
+            }
+        }
+        do {
+            _ = try SocketActivation.classify([(3, "public")]) { _ in false }
+            Issue.record("a descriptor that is no listening stream socket was accepted")
+        } catch let error as SocketActivationError {
+            #expect(error.message == "the socket public from systemd is not a listening stream socket: use ListenStream=")
+        } catch {
+            Issue.record("unexpected \(error)")
+        }
+    }
+}
