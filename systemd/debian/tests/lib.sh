@@ -155,3 +155,86 @@ no_failed_units() {
     [[ -z "$failed" ]] || echo "    failed units: $failed"
     [[ -z "$failed" ]]
 }
+
+# --- Clients across a restart, an upgrade or a crash ------------------------------------------------------------
+
+# load_through LABEL COMMAND...: clients of the public port while COMMAND runs: two wrk runs of 8 keep-alive
+# connections each (GET /healthz, and user 1's latest read), and a fresh curl connection to /healthz every 50 ms;
+# COMMAND starts after 1 s of load, and the load goes on for 2 s after it returned (and the service is ready
+# again). Every failed connection and request is counted. Prints one line and sets:
+#   LOAD_REFUSED  connections refused (curl exit 7, wrk connect errors)
+#   LOAD_FAILED   requests without a 2xx answer: reset or cut (curl 52/55/56, wrk read/write errors), timed
+#                 out (curl 28, wrk timeouts), any other curl failure, non-2xx replies
+#   LOAD_LONGEST  the longest any request waited for its answer, in seconds (wrk's maximum latency, curl's total)
+#   LOAD_PROBES   probes made; LOAD_CONNECTIONS keep-alive connections (16); LOAD_STATUS COMMAND's exit status
+load_through() {
+    local label="$1" dir token stop started took
+    shift
+    dir="$(mktemp -d)"
+    token="$(mint_token 1)"
+    LOAD_CONNECTIONS=16
+    wrk -t1 -c8 -d600s --timeout 10s "$BASE_URL/healthz" >"$dir/wrk-health" 2>&1 &
+    local health=$!
+    wrk -t1 -c8 -d600s --timeout 10s -H "Authorization: Bearer $token" "$BASE_URL/v1/profile/metrics/today" \
+        >"$dir/wrk-latest" 2>&1 &
+    local latest=$!
+    stop="$dir/stop"
+    (
+        while [[ ! -e "$stop" ]]; do
+            (
+                out="$(curl -sS -o /dev/null --max-time 10 -w '%{http_code} %{time_total}' "$BASE_URL/healthz" 2>/dev/null)"
+                echo "$? $out" >>"$dir/probes"
+            ) &
+            sleep 0.05
+        done
+        wait
+    ) &
+    local probes=$!
+    sleep 1
+    started="$(date +%s%N)"
+    LOAD_STATUS=0
+    "$@" >"$dir/command" 2>&1 || LOAD_STATUS=$?
+    ((LOAD_STATUS == 0)) || echo "    $label: the command failed (exit $LOAD_STATUS): $(tail -n 3 "$dir/command")"
+    took="$((($(date +%s%N) - started) / 1000000))"
+    local tries=0
+    until [[ "$(unit_property ActiveState)/$(unit_property SubState)" == active/running ]] || ((tries++ > 100)); do sleep 0.1; done
+    sleep 2
+    touch "$stop"
+    kill -INT "$health" "$latest" 2>/dev/null
+    wait "$health" "$latest" "$probes" 2>/dev/null
+    local wrk_requests wrk_connect wrk_failed wrk_longest
+    read -r wrk_requests wrk_connect wrk_failed wrk_longest < <(cat "$dir/wrk-health" "$dir/wrk-latest" | awk '
+        function seconds(text) {
+            if (text ~ /us$/) return substr(text, 1, length(text) - 2) / 1000000
+            if (text ~ /ms$/) return substr(text, 1, length(text) - 2) / 1000
+            if (text ~ /m$/) return substr(text, 1, length(text) - 1) * 60
+            if (text ~ /s$/) return substr(text, 1, length(text) - 1)
+            return text
+        }
+        / requests in / { requests += $1 }
+        /Latency/ { if (seconds($4) > longest) longest = seconds($4) }
+        /Socket errors:/ { gsub(",", ""); connect += $4; failed += $6 + $8 + $10 }
+        /Non-2xx or 3xx responses:/ { failed += $5 }
+        END { printf "%d %d %d %.3f\n", requests, connect, failed, longest }')
+    local probe_count probe_refused probe_failed probe_longest
+    read -r probe_count probe_refused probe_failed probe_longest < <(awk '
+        { count++ }
+        $1 == 7 { refused++ }
+        $1 != 7 && ($1 != 0 || $2 !~ /^2/) { failed++ }
+        $1 == 0 && $3 > longest { longest = $3 }
+        END { printf "%d %d %d %.3f\n", count, refused, failed, longest }' "$dir/probes")
+    LOAD_PROBES="$probe_count"
+    LOAD_REFUSED=$((wrk_connect + probe_refused))
+    LOAD_FAILED=$((wrk_failed + probe_failed))
+    LOAD_LONGEST="$(awk -v a="$wrk_longest" -v b="$probe_longest" 'BEGIN { printf "%.3f", (a > b ? a : b) }')"
+    printf '    %s (%s took %d ms): wrk, 16 keep-alive connections: %d requests, %d connect errors, %d failed, longest %s s; %d fresh connections: %d refused, %d failed, longest %s s => refused %d, failed %d, longest wait %s s\n' \
+        "$label" "$1" "$took" "$wrk_requests" "$wrk_connect" "$wrk_failed" "$wrk_longest" "$probe_count" "$probe_refused" \
+        "$probe_failed" "$probe_longest" "$LOAD_REFUSED" "$LOAD_FAILED" "$LOAD_LONGEST"
+    grep -h 'Socket errors\|Non-2xx' "$dir/wrk-health" "$dir/wrk-latest" | sed 's/^/      wrk: /'
+    rm -rf -- "$dir"
+}
+
+# below SECONDS LIMIT: SECONDS (a decimal) is below LIMIT.
+below() {
+    awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'
+}
