@@ -11,16 +11,21 @@ final class ConnectionLimit: Sendable {
         self.limit = limit
     }
 
-    /// Counts `channel` until it closes; false when it is over the limit.
+    /// Counts `channel` until it closes; false when it is over the limit (it is then not counted: the slot it
+    /// would hold while the 503 is taken goes to the next client).
     func admit(_ channel: any Channel) -> Bool {
         let count = self.open.add(1, ordering: .relaxed).newValue
+        guard count <= self.limit else {
+            self.open.subtract(1, ordering: .relaxed)
+            return false
+        }
         channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
-        return count <= self.limit
+        return true
     }
 }
 
 /// The whole pipeline of a connection over the limit: a `503` that says so (or, over TLS, nothing), then end of
-/// output. What the client sent is read and dropped until it closes or the deadline passes: closing a socket with
+/// output. What the client sent is read and dropped until it closes, for at most a second: closing a socket with
 /// unread bytes would reset the connection, and the client could lose the 503 it was about to read.
 final class ConnectionRefusal: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
@@ -39,10 +44,10 @@ final class ConnectionRefusal: ChannelDuplexHandler {
     private var refused = false
 
     /// - Parameters:
-    ///   - deadline: the connection is closed after it whatever the client does.
+    ///   - deadline: the connection is closed after it (at most a second) whatever the client does.
     ///   - reply: whether to write the 503 (false over TLS: the connection just ends).
     init(deadline: TimeAmount, reply: Bool = true) {
-        self.deadline = deadline
+        self.deadline = min(deadline, .seconds(1))
         self.sendsReply = reply
     }
 

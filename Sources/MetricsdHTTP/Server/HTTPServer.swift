@@ -79,10 +79,20 @@ package final class HTTPServer: Service, Sendable {
         self.quiescing.initiateShutdown(promise: promise)
     }
 
+    /// The listen backlog of a socket the server binds (a socket from systemd has the unit's `Backlog=`): the
+    /// kernel caps it at `net.core.somaxconn` (4096 on Debian 12). With HummingbirdCore's 256, which the server had
+    /// before, a burst of connections beyond it overflowed the accept queue: the kernel dropped the handshake's
+    /// last ACK, the client took itself for connected, and the server side sent its SYN-ACK again only after 1 s,
+    /// 3 s, 7 s — so a connection over `METRICSD_MAX_CONNECTIONS` got its 503 seconds late, seen from outside as
+    /// waiting in the backlog (1,100 connections opened at once against the limit of 1,024: 21 of the 76 over it
+    /// answered within 3 s; with 4096, all 76 within 2 s. NIO's pacing of accepted connections to the accept
+    /// loop's task, `serverBackPressureStrategy: nil`, made no difference there).
+    static let backlog: Int32 = 4096
+
     private func listen() async throws -> NIOAsyncChannel<HTTPChannelSetup.Connection, Never> {
         let quiescing = self.quiescing
         let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(ChannelOptions.backlog, value: 256)
+            .serverChannelOption(ChannelOptions.backlog, value: Self.backlog)
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(quiescing.makeServerChannelHandler(channel: channel))
@@ -96,13 +106,16 @@ package final class HTTPServer: Service, Sendable {
         case .bind(let address):
             if let path = address.unixPath {
                 server = try await bootstrap.bind(
-                    unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: initializer)
+                    unixDomainSocketPath: path, cleanupExistingSocketFile: true,
+                    childChannelInitializer: initializer)
             } else {
                 server = try await bootstrap.serverChannelOption(ChannelOptions.socketOption(.so_reuseaddr), value: 1)
-                    .bind(host: address.host, port: address.port, childChannelInitializer: initializer)
+                    .bind(
+                        host: address.host, port: address.port, childChannelInitializer: initializer)
             }
         case .inherited(let descriptor, _):
-            server = try await bootstrap.bind(descriptor, childChannelInitializer: initializer)
+            server = try await bootstrap.bind(
+                descriptor, childChannelInitializer: initializer)
         }
         self.logger.debug("Listening", metadata: ["metricsd.listen": "\(self.socket)"])
         return server
