@@ -38,7 +38,7 @@ enum ArgumentPreflight {
     /// Handles an unknown command and help; returns the exit code, or nil to go on with ArgumentParser.
     static func handle(_ arguments: [String]) -> Int32? {
         let names = Self.commands.map { Self.name($0.type) }
-        let known = Set(names + ["help", Self.name(GenerateDocs.self)])
+        let known = Set(names + ["help", Self.name(GenerateDocs.self), Self.name(RefreshCredentials.self)])
         guard let first = arguments.first else { return nil }
         if !first.hasPrefix("-"), !known.contains(first) {
             Self.unknown(first, names: names)
