@@ -109,7 +109,7 @@ import Testing
         #expect(unit["StartLimitIntervalSec"] == ["10min"] && unit["StartLimitBurst"] == ["5"])
         #expect(service["Type"] == ["notify"])
         #expect(service["NotifyAccess"] == ["main"])
-        #expect(service["ExecReload"] == ["+/usr/bin/metricsd refresh-credentials", "/bin/kill -HUP $MAINPID"])
+        #expect(service["ExecReload"] == ["+/usr/bin/metricsd refresh-credentials", "/bin/sh -c 'kill -HUP $MAINPID'"])
         #expect(service["WatchdogSec"] == ["30s"])
         #expect(service["Restart"] == ["on-failure"])
         #expect(service["RestartSec"] == ["1s"])
