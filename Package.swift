@@ -14,7 +14,8 @@ let package = Package(
         .executable(name: "metricsd", targets: ["metricsd"])
     ],
     dependencies: [
-        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
+        // 1.7 and later import FoundationEssentials, not Foundation (whose ICU data is 34 MB of the binary).
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.7.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.1.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
@@ -22,7 +23,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.80.0"),
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.20.0"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.27.0"),
-        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0"),
+        // No default traits: ConfigurationSupport would link swift-configuration (0.6 MB) into HummingbirdCore
+        // for a configuration reader metricsd does not use; FullFoundation is for Hummingbird's form coding.
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0", traits: []),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.1.0"),

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Glibc
 
 /// The file descriptors `metricsd serve` may hold at once, against its open-file limit (`RLIMIT_NOFILE`).
@@ -94,6 +98,6 @@ public struct DescriptorBudget: Sendable, Equatable {
     /// `/proc/sys/fs/nr_open`, the most descriptors a process may have (1,048,576 by default).
     private static func kernelMaximum() -> Int {
         (try? String(contentsOfFile: "/proc/sys/fs/nr_open", encoding: .utf8))
-            .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 1_048_576
+            .flatMap { Int($0.trimmingWhitespace()) } ?? 1_048_576
     }
 }

@@ -67,7 +67,9 @@ package struct DatabasePreparation: Service {
             } catch let error as PostgresError where error.code != .badConnectionString {
                 let problem = error.message
                 if problem != lastProblem {
-                    self.logger.warning("Waiting for database", metadata: ["metricsd.error": "\(problem)"])
+                    // The reason in the message itself: `journalctl -u metricsd` and `systemctl status` show
+                    // only the message (libpq's words, any password in them already masked).
+                    self.logger.warning("Waiting for database: \(problem)")
                     self.notifier.status("waiting for database: \(problem)")
                     lastProblem = problem
                 }
