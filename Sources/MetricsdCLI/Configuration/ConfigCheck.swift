@@ -68,6 +68,8 @@ public struct ConfigCheck: Sendable {
                 check.problem(name, "unknown setting (in \(file)); `metricsd help` lists them all")
             }
         }
+        let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
+        check.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(UnknownSettings.warning)
         let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
         for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
             guard let value = environment[setting.name], !value.isEmpty else { continue }
@@ -81,7 +83,8 @@ public struct ConfigCheck: Sendable {
             do {
                 let configuration = try Configuration(environment: environment)
                 _ = try configuration.connectionSettings(environment: environment)
-                let budget = DescriptorBudget(configuration: configuration)
+                let budget = DescriptorBudget(
+                    configuration: configuration, readServers: try configuration.readServers(environment: environment).count)
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
                     check.problem("METRICSD_MAX_CONNECTIONS", problem)
@@ -103,8 +106,9 @@ public struct ConfigCheck: Sendable {
             }
             check.checkListener(name, address)
         }
-        // 6. The database and its schema (whatever else is wrong).
+        // 6. The database and its schema (whatever else is wrong), then the read servers against it.
         await check.checkDatabase(environment)
+        await check.checkReadServers(environment)
         return check
     }
 

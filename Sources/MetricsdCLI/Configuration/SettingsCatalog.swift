@@ -134,6 +134,14 @@ public enum SettingsCatalog {
             "METRICSD_DB_PASSWORD_FILE", .database, .file, unset: "no password file",
             "File holding the database password. Under systemd the db-password credential is used instead; by hand, /etc/credstore/metricsd-db-password when readable."
         ),
+        Setting(
+            "METRICSD_READ_DATABASE_URL", .database, .conninfo, unset: "every read on DATABASE_URL",
+            "Streaming standbys for the latest-metrics read (GET /v1/profile/metrics/today), as a libpq URL or key=value string; several hosts are allowed: postgresql://metricsd@db2:5432,db3:5432/metricsd?connect_timeout=2. metricsd reaches each host on its own (libpq 15 has no load_balance_hosts) and sends each read to the least busy one within METRICSD_READ_MAX_LAG_SECONDS of the primary, else to the primary. Writes, acknowledgements, computation on request and /readyz stay on DATABASE_URL. The db-password credential applies to it too."
+        ),
+        Setting(
+            "METRICSD_READ_MAX_LAG_SECONDS", .database, .number(1...3600), default: "5",
+            "A read server whose data is further behind the primary than this many seconds (from its WAL replay position) is not read from until it catches up: a read shows every change committed on the primary more than this long ago."
+        ),
         Setting("METRICSD_DB_POOL_SIZE", .database, .integer(1...200), default: "8", "Database connections in the pool."),
         Setting(
             "METRICSD_READ_BATCHES", .database, .integer(1...200), default: "2",
