@@ -269,6 +269,17 @@ public enum SettingsCatalog {
 
     public static func setting(_ name: String) -> Setting? { self.all.first { $0.name == name } }
 
+    /// `METRICSD_*` variables of metricsd's own scripts and tests, which are no settings (the test database,
+    /// PostgreSQL's binaries, the built binary, the fault-injecting test build's faults): prefixes, and whole names.
+    /// Never reported as unknown settings.
+    public static let toolingPrefixes = ["METRICSD_TEST_", "METRICSD_PG_", "METRICSD_BINARY", "METRICSD_CONTRACT_", "METRICSD_PACKAGE_"]
+    public static let toolingNames: Set<String> = ["METRICSD_FAULTS", "METRICSD_LONG_TESTS"]
+
+    /// Whether `name` belongs to metricsd's scripts and tests rather than to its settings.
+    public static func isTooling(_ name: String) -> Bool {
+        self.toolingNames.contains(name) || self.toolingPrefixes.contains { name.hasPrefix($0) }
+    }
+
     /// Settings named in `systemd/metricsd.env.example`: all but the testing ones and those whose value is a secret
     /// (the file is world-readable; secrets are credentials).
     public static var operatorSettings: [Setting] {

@@ -2,16 +2,11 @@
 /// one — which would otherwise be ignored without a word: `serve` logs a warning for each at start, and
 /// `check-config` prints one (it fails only for unknown names in the settings file, which only it reads whole).
 enum UnknownSettings {
-    /// Variables of metricsd's own scripts and tests (the test database, PostgreSQL's binaries, the built binary,
-    /// the fault-injecting test build's faults), which are not settings: never warned about.
-    static let toolingPrefixes = ["METRICSD_TEST_", "METRICSD_PG_", "METRICSD_BINARY", "METRICSD_CONTRACT_", "METRICSD_PACKAGE_"]
-    static let toolingNames: Set<String> = ["METRICSD_FAULTS", "METRICSD_LONG_TESTS"]
-
-    /// The unknown `METRICSD_*` names of `environment`, sorted.
+    /// The unknown `METRICSD_*` names of `environment`, sorted (the tooling's own are none of them:
+    /// ``SettingsCatalog/isTooling(_:)``).
     static func names(in environment: [String: String]) -> [String] {
         environment.keys.filter { name in
-            name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil && !Self.toolingNames.contains(name)
-                && !Self.toolingPrefixes.contains { name.hasPrefix($0) }
+            name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil && !SettingsCatalog.isTooling(name)
         }.sorted()
     }
 
