@@ -44,24 +44,11 @@ public struct ConnectionSettings: Sendable {
     ) throws(PostgresError) {
         var mask = SecretMask(connectionString: conninfo, password: password, environment: environment)
         if !conninfo.isEmpty {
-            var errorMessage: UnsafeMutablePointer<CChar>?
-            if let options = PQconninfoParse(conninfo, &errorMessage) {
-                defer { PQconninfoFree(options) }
-                var values: [(String, String)] = []
-                var option = options
-                while let keyword = option.pointee.keyword {
-                    if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
-                    option = option.advanced(by: 1)
-                }
-                // libpq's own reading of the password (decoded), besides the one found in the text.
-                for (keyword, value) in values where keyword == "password" { mask.add(value) }
-                for (keyword, value) in values {
-                    try Self.check(keyword: keyword, value: value, setting: setting, mask: mask)
-                }
-            } else {
-                let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
-                PQfreemem(errorMessage)
-                throw PostgresError(code: .badConnectionString, message: "\(setting) is not valid: \(message)", mask: mask)
+            let values = try Self.parse(conninfo, setting: setting, mask: mask)
+            // libpq's own reading of the password (decoded), besides the one found in the text.
+            for (keyword, value) in values where keyword == "password" { mask.add(value) }
+            for (keyword, value) in values {
+                try Self.check(keyword: keyword, value: value, setting: setting, mask: mask)
             }
         }
         var defaults: [(String, String)] = []
@@ -103,19 +90,7 @@ public struct ConnectionSettings: Sendable {
     /// `load_balance_hosts` (PostgreSQL 16), so metricsd keeps the list and spreads reads over it itself. Every
     /// other parameter (user, database, TLS, `target_session_attrs`, timeouts) applies to each host.
     public func readServers() throws(PostgresError) -> [ReadServer] {
-        var errorMessage: UnsafeMutablePointer<CChar>?
-        guard let options = PQconninfoParse(self.conninfo, &errorMessage) else {
-            let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
-            PQfreemem(errorMessage)
-            throw PostgresError(code: .badConnectionString, message: "\(self.setting) is not valid: \(message)", mask: self.mask)
-        }
-        defer { PQconninfoFree(options) }
-        var values: [(String, String)] = []
-        var option = options
-        while let keyword = option.pointee.keyword {
-            if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
-            option = option.advanced(by: 1)
-        }
+        let values = try Self.parse(self.conninfo, setting: self.setting, mask: self.mask)
         func list(_ keyword: String) -> [String] {
             values.last { $0.0 == keyword }.map { $0.1.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
         }
@@ -145,6 +120,25 @@ public struct ConnectionSettings: Sendable {
             servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings))
         }
         return servers
+    }
+
+    /// The keywords and values `conninfo` sets, as libpq's own parser reads them; a malformed string throws
+    /// `.badConnectionString` naming `setting`, masked with `mask`.
+    private static func parse(_ conninfo: String, setting: String, mask: SecretMask) throws(PostgresError) -> [(String, String)] {
+        var errorMessage: UnsafeMutablePointer<CChar>?
+        guard let options = PQconninfoParse(conninfo, &errorMessage) else {
+            let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
+            PQfreemem(errorMessage)
+            throw PostgresError(code: .badConnectionString, message: "\(setting) is not valid: \(message)", mask: mask)
+        }
+        defer { PQconninfoFree(options) }
+        var values: [(String, String)] = []
+        var option = options
+        while let keyword = option.pointee.keyword {
+            if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
+            option = option.advanced(by: 1)
+        }
+        return values
     }
 
     /// A value in libpq's `keyword=value` syntax: single-quoted, with `\` and `'` escaped.
