@@ -94,10 +94,18 @@ extension ReadReplicas: Service {
                 connection = session
                 let fresh = replayed.flatMap { position in self.history.withLock { $0.freshness(replayed: position) } }
                 self.update(server) { state in
+                    // A server that was down may come back behind where it was (a standby restarted after a crash
+                    // replays again from its last restartpoint): only this probe says how fresh it is now. One that
+                    // stayed up only moves forward: behind every sample kept, it keeps its last freshness, and its
+                    // lag keeps growing.
+                    if let fresh {
+                        state.freshAsOf = fresh
+                    } else if !state.up {
+                        state.freshAsOf = nil
+                    }
                     state.up = true
                     state.failure = nil
                     state.replayPaused = paused
-                    if let fresh, state.freshAsOf.map({ $0 < fresh }) ?? true { state.freshAsOf = fresh }
                 }
             } catch {
                 await self.close(connection, on: server.pool.threadPool)

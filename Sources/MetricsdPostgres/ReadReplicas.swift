@@ -66,7 +66,7 @@ public final class ReadReplicas: Sendable {
             /// Its data holds every commit the primary made before this instant.
             var freshAsOf: ContinuousClock.Instant?
             /// Why it is down, when it is.
-            var failure: String? = "not probed yet"
+            var failure: String?
             var replayPaused = false
             var inFlight = 0
             var reads = 0
