@@ -31,7 +31,8 @@ extension ConfigCheck {
         let setting = SettingsCatalog.setting("METRICSD_READ_MAX_LAG_SECONDS")
         let maxLag = environment["METRICSD_READ_MAX_LAG_SECONDS"].flatMap { setting?.problem($0) == nil ? Double($0) : nil }
             ?? setting?.defaultValue.flatMap(Double.init) ?? 5
-        // libpq blocks: as in checkDatabase, a detached task awaited at once.
+        // libpq blocks: as in checkDatabase, the probes run in a detached task, off the cooperative pool's threads, and
+        // are awaited here at once (their results are the check's), so nothing outlives this function.
         let results = await Task.detached { servers.map { Self.probe($0, primary: primary, maxLag: maxLag) } }.value
         for (server, result) in zip(servers, results) {
             switch result {
