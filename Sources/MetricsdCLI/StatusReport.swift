@@ -23,6 +23,8 @@ struct StatusReport {
     /// METRICSD_RETENTION_DAYS (0: off) and where retention stands.
     let retentionDays: Int
     let retention: RetentionStatus
+    /// The live instances' read servers (`METRICSD_READ_DATABASE_URL`), as their last heartbeats say.
+    let readServers: [StatusQueries.ReadServerStatus]
 
     static func gather(pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula, retentionDays: Int)
         async throws -> StatusReport
@@ -42,7 +44,7 @@ struct StatusReport {
             zones: try await queries.zones(dailyAt: dailyAt, version: formula.version),
             skips: try await queries.skipsByReason(), jobs: try await RecomputeJobs(pool: pool).recent(limit: 5),
             versions: try await queries.usersByLatestVersion(), retentionDays: retentionDays,
-            retention: try await queries.retention(days: max(1, retentionDays)))
+            retention: try await queries.retention(days: max(1, retentionDays)), readServers: try await queries.readServers())
     }
 
     private func count(_ state: StatusQueries.ZoneStatus.State) -> Int {
@@ -72,6 +74,8 @@ struct StatusReport {
                         ]
                     }))
         }
+        lines.append("")
+        lines.append(contentsOf: self.readServerLines)
         lines.append("")
         lines.append(
             "daily units (\(self.zones.count) zones): done \(self.count(.done)), running \(self.count(.running)), pending \(self.count(.pending) + self.count(.missing)), overdue \(self.count(.overdue))"
@@ -117,6 +121,28 @@ struct StatusReport {
                 header: ["VERSION", "USERS"],
                 rows: self.versions.map { [$0.version.map { "v\($0)" + ($0 == self.formulaVersion ? " (current)" : " (old)") } ?? "no metrics", String($0.users)] }))
         return lines.joined(separator: "\n")
+    }
+
+    /// Each live instance's read servers: state, lag, and share of its latest reads.
+    var readServerLines: [String] {
+        guard !self.readServers.isEmpty else {
+            return ["read servers: none (every latest read goes to DATABASE_URL; METRICSD_READ_DATABASE_URL names standbys)"]
+        }
+        var totals: [String: Int] = [:]
+        for row in self.readServers { totals[row.instance, default: 0] += row.status.reads }
+        return [
+            "read servers (latest reads; each instance's view at its last heartbeat):",
+            TextTable.render(
+                header: ["INSTANCE", "SERVER", "STATE", "LAG", "READS", "SHARE"],
+                rows: self.readServers.map { row in
+                    let total = totals[row.instance] ?? 0
+                    return [
+                        row.instance, row.status.server, row.status.usable ? "in use" : "LEFT: \(row.status.problem ?? "-")",
+                        row.status.lagSeconds.map { "\(($0 * 10).rounded() / 10) s" } ?? "-", String(row.status.reads),
+                        total > 0 ? OperatorSession.percent(100 * Double(row.status.reads) / Double(total)) : "-",
+                    ]
+                }),
+        ]
     }
 
     var retentionLine: String {
@@ -188,6 +214,16 @@ struct StatusReport {
                     .joined(separator: ",") + "]"),
             "recomputeJobs": .raw("[" + self.jobs.map(AdminController.json).joined(separator: ",") + "]"),
             "retention": .raw(self.retentionJSON),
+            "readServers": .raw(
+                "["
+                    + self.readServers.map { row in
+                        JSONWriter.object([
+                            "instance": .string(row.instance), "server": .string(row.status.server),
+                            "usable": .bool(row.status.usable), "lagSeconds": row.status.lagSeconds.map { .double(($0 * 100).rounded() / 100) } ?? .null,
+                            "reads": .int(Int64(row.status.reads)), "problem": row.status.problem.map { .string($0) } ?? .null,
+                            "updatedAt": .timestamp(row.updatedAt),
+                        ])
+                    }.joined(separator: ",") + "]"),
             "usersByFormulaVersion": .raw(
                 "["
                     + self.versions.map {

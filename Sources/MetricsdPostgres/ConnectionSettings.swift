@@ -31,6 +31,10 @@ public struct ConnectionSettings: Sendable {
     public let password: String?
     /// Masks this connection's passwords in any text (every `PostgresError` this connection makes is masked).
     public let mask: SecretMask
+    /// False (the default): a read-only server (a hot standby) is refused at connect and a session on a server
+    /// that became one is dropped, as metricsd's writes need the primary. True for the read servers of
+    /// `METRICSD_READ_DATABASE_URL` (``readServers()``), which are standbys on purpose.
+    public private(set) var acceptsReadOnly = false
     let defaults: [(String, String)]
 
     /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`,
@@ -40,24 +44,11 @@ public struct ConnectionSettings: Sendable {
     ) throws(PostgresError) {
         var mask = SecretMask(connectionString: conninfo, password: password, environment: environment)
         if !conninfo.isEmpty {
-            var errorMessage: UnsafeMutablePointer<CChar>?
-            if let options = PQconninfoParse(conninfo, &errorMessage) {
-                defer { PQconninfoFree(options) }
-                var values: [(String, String)] = []
-                var option = options
-                while let keyword = option.pointee.keyword {
-                    if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
-                    option = option.advanced(by: 1)
-                }
-                // libpq's own reading of the password (decoded), besides the one found in the text.
-                for (keyword, value) in values where keyword == "password" { mask.add(value) }
-                for (keyword, value) in values {
-                    try Self.check(keyword: keyword, value: value, setting: setting, mask: mask)
-                }
-            } else {
-                let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
-                PQfreemem(errorMessage)
-                throw PostgresError(code: .badConnectionString, message: "\(setting) is not valid: \(message)", mask: mask)
+            let values = try Self.parse(conninfo, setting: setting, mask: mask)
+            // libpq's own reading of the password (decoded), besides the one found in the text.
+            for (keyword, value) in values where keyword == "password" { mask.add(value) }
+            for (keyword, value) in values {
+                try Self.check(keyword: keyword, value: value, setting: setting, mask: mask)
             }
         }
         var defaults: [(String, String)] = []
@@ -75,6 +66,84 @@ public struct ConnectionSettings: Sendable {
         self.password = password
         self.mask = mask
         self.defaults = defaults
+    }
+
+    private init(copying base: ConnectionSettings, conninfo: String) {
+        self.conninfo = conninfo
+        self.setting = base.setting
+        self.statementDeadlineSeconds = base.statementDeadlineSeconds
+        self.password = base.password
+        self.mask = base.mask
+        self.acceptsReadOnly = base.acceptsReadOnly
+        self.defaults = base.defaults
+    }
+
+    /// One server of a read URL: its label (`host:port`, for logs, `/metrics` and `metricsd status`) and how to
+    /// reach it alone.
+    public struct ReadServer: Sendable {
+        public let label: String
+        public let settings: ConnectionSettings
+    }
+
+    /// The servers of this string, one per host (a multi-host URL lists several), each reached on its own and
+    /// accepting read-only servers: libpq 15 connects to the first host that answers and has no
+    /// `load_balance_hosts` (PostgreSQL 16), so metricsd keeps the list and spreads reads over it itself. Every
+    /// other parameter (user, database, TLS, `target_session_attrs`, timeouts) applies to each host.
+    public func readServers() throws(PostgresError) -> [ReadServer] {
+        let values = try Self.parse(self.conninfo, setting: self.setting, mask: self.mask)
+        func list(_ keyword: String) -> [String] {
+            values.last { $0.0 == keyword }.map { $0.1.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
+        }
+        let (hosts, addresses, ports) = (list("host"), list("hostaddr"), list("port"))
+        let count = max(1, hosts.count, addresses.count)
+        for (keyword, found) in [("host", hosts.count), ("hostaddr", addresses.count), ("port", ports.count)]
+        where found > 1 && found != count {
+            throw PostgresError(
+                code: .badConnectionString,
+                message: "\(self.setting) is not valid: \(found) values of \(keyword) for \(count) hosts", mask: self.mask)
+        }
+        let others = values.filter { !["host", "hostaddr", "port"].contains($0.0) }
+        var servers: [ReadServer] = []
+        for index in 0..<count {
+            func pick(_ list: [String]) -> String? {
+                let value = list.count == 1 ? list[0] : (index < list.count ? list[index] : "")
+                return value.isEmpty ? nil : value
+            }
+            var own = others
+            if let host = pick(hosts) { own.append(("host", host)) }
+            if let address = pick(addresses) { own.append(("hostaddr", address)) }
+            if let port = pick(ports) { own.append(("port", port)) }
+            let name = pick(hosts) ?? pick(addresses) ?? "default host"
+            var settings = ConnectionSettings(
+                copying: self, conninfo: own.map { "\($0.0)=\(Self.quoted($0.1))" }.joined(separator: " "))
+            settings.acceptsReadOnly = true
+            servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings))
+        }
+        return servers
+    }
+
+    /// The keywords and values `conninfo` sets, as libpq's own parser reads them; a malformed string throws
+    /// `.badConnectionString` naming `setting`, masked with `mask`.
+    private static func parse(_ conninfo: String, setting: String, mask: SecretMask) throws(PostgresError) -> [(String, String)] {
+        var errorMessage: UnsafeMutablePointer<CChar>?
+        guard let options = PQconninfoParse(conninfo, &errorMessage) else {
+            let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
+            PQfreemem(errorMessage)
+            throw PostgresError(code: .badConnectionString, message: "\(setting) is not valid: \(message)", mask: mask)
+        }
+        defer { PQconninfoFree(options) }
+        var values: [(String, String)] = []
+        var option = options
+        while let keyword = option.pointee.keyword {
+            if let value = option.pointee.val { values.append((String(cString: keyword), String(cString: value))) }
+            option = option.advanced(by: 1)
+        }
+        return values
+    }
+
+    /// A value in libpq's `keyword=value` syntax: single-quoted, with `\` and `'` escaped.
+    private static func quoted(_ value: String) -> String {
+        "'" + value.replacing("\\", with: "\\\\").replacing("'", with: "\\'") + "'"
     }
 
     /// Values libpq would only reject when connecting: checked up front so that a typo is a configuration error

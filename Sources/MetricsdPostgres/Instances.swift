@@ -25,19 +25,35 @@ public struct Instances: Sendable {
         self.pool = pool
     }
 
-    /// Records that `identity` is alive now (inserting its row on the first beat).
-    public func beat(_ identity: Identity) async throws {
-        _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try connection.prepared(
-                "instance_beat",
-                """
-                INSERT INTO metricsd_instances (instance_id, host, pid, build_version, formula_version, listen,
-                                                started_at, last_seen_at)
-                VALUES ($1, $2, $3, $4, $5, $6, now(), now())
-                ON CONFLICT (instance_id) DO UPDATE SET last_seen_at = now(), stopped_at = NULL, listen = excluded.listen
-                """,
-                [identity.id, identity.host, String(identity.pid), identity.buildVersion, String(identity.formulaVersion),
-                 identity.listen])
+    /// Records that `identity` is alive now (inserting its row on the first beat), and what its latest reads see
+    /// of their read servers, when it has any.
+    public func beat(_ identity: Identity, readServers: [ReadReplicas.ServerStatus] = []) async throws {
+        _ = try await self.pool.withConnection(retryOnConnectionLoss: true) { session in
+            try session.transaction { connection in
+                try connection.prepared(
+                    "instance_beat",
+                    """
+                    INSERT INTO metricsd_instances (instance_id, host, pid, build_version, formula_version, listen,
+                                                    started_at, last_seen_at)
+                    VALUES ($1, $2, $3, $4, $5, $6, now(), now())
+                    ON CONFLICT (instance_id) DO UPDATE SET last_seen_at = now(), stopped_at = NULL, listen = excluded.listen
+                    """,
+                    [identity.id, identity.host, String(identity.pid), identity.buildVersion, String(identity.formulaVersion),
+                     identity.listen])
+                for server in readServers {
+                    try connection.prepared(
+                        "instance_read_server",
+                        """
+                        INSERT INTO metricsd_read_servers (instance_id, server, usable, lag_seconds, reads, problem, updated_at)
+                        VALUES ($1, $2, $3, $4, $5, $6, now())
+                        ON CONFLICT (instance_id, server) DO UPDATE
+                          SET usable = excluded.usable, lag_seconds = excluded.lag_seconds, reads = excluded.reads,
+                              problem = excluded.problem, updated_at = excluded.updated_at
+                        """,
+                        [identity.id, server.server, server.usable ? "true" : "false", server.lagSeconds.map { String($0) },
+                         String(server.reads), server.problem])
+                }
+            }
         }
     }
 

@@ -45,12 +45,15 @@ package final class LatestMetricsBatcher: Service, Sendable {
     }
 
     private let pool: PostgresPool
+    /// Where the reads go when read servers are configured (else the pool, the primary).
+    private let replicas: ReadReplicas?
     private let maxRunners: Int
     private let maxBatch: Int
     private let state: Mutex<State>
 
-    init(pool: PostgresPool, maxRunners: Int, maxBatch: Int = 128) {
+    init(pool: PostgresPool, replicas: ReadReplicas? = nil, maxRunners: Int, maxBatch: Int = 128) {
         self.pool = pool
+        self.replicas = replicas
         self.maxRunners = max(1, maxRunners)
         self.maxBatch = max(1, maxBatch)
         self.state = Mutex(State(active: self.maxRunners))
@@ -145,8 +148,13 @@ package final class LatestMetricsBatcher: Service, Sendable {
     private func execute(_ waiters: [Waiter]) async {
         let unique = Array(Set(waiters.map(\.userID)))
         do {
-            let found = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-                try PostgresStore.readLatest(userIDs: unique, on: connection)
+            let found: [Int64: LatestMetrics]
+            if let replicas = self.replicas {
+                found = try await replicas.read(userIDs: unique)
+            } else {
+                found = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                    try PostgresStore.readLatest(userIDs: unique, on: connection)
+                }
             }
             for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
         } catch {

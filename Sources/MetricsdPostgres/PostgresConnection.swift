@@ -14,6 +14,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     public var statementDeadlineSeconds: Double?
     /// The passwords this connection was given: masked in every error it makes from libpq's text.
     private let mask: SecretMask
+    /// A read server's session (`ConnectionSettings.acceptsReadOnly`): a hot standby is what it wants.
+    private let acceptsReadOnly: Bool
 
     /// Opens a connection (blocking; call from a thread-pool thread).
     public init(settings: ConnectionSettings) throws(PostgresError) {
@@ -36,6 +38,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         self.handle = handle
         self.mask = settings.mask
         self.statementDeadlineSeconds = settings.statementDeadlineSeconds
+        self.acceptsReadOnly = settings.acceptsReadOnly
+        if settings.acceptsReadOnly { return }
         // A read-only server (a hot standby, or one set to default_transaction_read_only) cannot do metricsd's work:
         // refuse it here rather than fail every write on it. libpq already skips such hosts with
         // target_session_attrs=read-write; this also covers one-host strings and poolers that route to a standby.
@@ -65,9 +69,11 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// The server process serving this connection (`pg_backend_pid()`).
     public var backendPID: Int32 { PQbackendPID(self.handle) }
 
-    /// True while libpq believes the connection is usable and the server takes writes on it.
+    /// True while libpq believes the connection is usable and the server takes writes on it (a read server's: is
+    /// usable).
     public var isHealthy: Bool {
         guard !self.isBroken, PQstatus(self.handle) == CONNECTION_OK else { return false }
+        if self.acceptsReadOnly { return true }
         // Reported by the server whenever it changes (PostgreSQL 14 and later).
         if let standby = PQparameterStatus(self.handle, "in_hot_standby"), String(cString: standby) == "on" { return false }
         return true

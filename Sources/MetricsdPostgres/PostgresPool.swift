@@ -22,11 +22,19 @@ public final class PostgresPool: Sendable {
         /// keeps them, so this bounds how long the daemon goes on with old rules after a tz database update on
         /// the server: every statement runs on a session opened at most this long before it started.
         public var maxSessionAge: Duration?
+        /// Whether the pool records `metricsd_db_pool_*` and `metricsd_db_errors_total` (the primary's pool); a read
+        /// server's pool does not: its trouble is reported per server (`metricsd_read_server_*`), apart from the
+        /// primary's.
+        public var recordsMetrics: Bool
 
-        public init(size: Int = 8, acquireTimeout: TimeAmount = .seconds(2), maxSessionAge: Duration? = nil) {
+        public init(
+            size: Int = 8, acquireTimeout: TimeAmount = .seconds(2), maxSessionAge: Duration? = nil,
+            recordsMetrics: Bool = true
+        ) {
             self.size = size
             self.acquireTimeout = acquireTimeout
             self.maxSessionAge = maxSessionAge
+            self.recordsMetrics = recordsMetrics
         }
     }
 
@@ -169,12 +177,13 @@ public final class PostgresPool: Sendable {
         }.value
         self.release(outcome.0)
         if case .failure(let error as PostgresError) = outcome.1 {
+            let counting = self.configuration.recordsMetrics
             switch error.code {
-            case .connectionFailed: self.connectErrorCounter.increment()
+            case .connectionFailed: if counting { self.connectErrorCounter.increment() }
             case .connectionLost:
-                self.lostCounter.increment()
+                if counting { self.lostCounter.increment() }
                 await self.closeIdle()
-            case .queryFailed: self.queryErrorCounter.increment()
+            case .queryFailed: if counting { self.queryErrorCounter.increment() }
             default: break
             }
         }
@@ -249,7 +258,7 @@ public final class PostgresPool: Sendable {
                     return state.waiters.remove(at: index)
                 }
                 if let waiter {
-                    self.timeoutCounter.increment()
+                    if self.configuration.recordsMetrics { self.timeoutCounter.increment() }
                     self.recordGauges()
                     waiter.continuation.resume(
                         throwing: PostgresError(
@@ -286,6 +295,7 @@ public final class PostgresPool: Sendable {
     }
 
     private func recordGauges() {
+        guard self.configuration.recordsMetrics else { return }
         let (inUse, open, waiting) = self.usage
         self.inUseGauge.record(inUse)
         self.openGauge.record(open)

@@ -11,17 +11,19 @@ public final class PostgresStore: MetricsStore {
     /// `latestMetrics` to answer.
     package let readBatches: LatestMetricsBatcher
 
-    /// - Parameter readRunners: how many batched latest-metrics reads run at once; default half the pool.
+    /// - Parameters:
+    ///   - readRunners: how many batched latest-metrics reads run at once; default half the pool.
+    ///   - replicas: read servers for the latest read (`METRICSD_READ_DATABASE_URL`); nil reads on `pool`.
     public init(
         pool: PostgresPool, formula: MetricsFormula, migrator: Migrator = Migrator(), readRunners: Int? = nil,
-        logger: Logger
+        replicas: ReadReplicas? = nil, logger: Logger
     ) {
         self.pool = pool
         self.formula = formula
         self.migrator = migrator
         self.logger = logger
         self.readBatches = LatestMetricsBatcher(
-            pool: pool, maxRunners: readRunners ?? max(1, pool.configuration.size / 2))
+            pool: pool, replicas: replicas, maxRunners: readRunners ?? max(1, pool.configuration.size / 2))
     }
 
     /// Concurrent reads are coalesced into one statement per batch (`LatestMetricsBatcher`).

@@ -134,6 +134,36 @@ public struct StatusQueries: Sendable {
         public let alive: Bool
     }
 
+    /// What a live instance's latest reads see of one read server (its last heartbeat).
+    public struct ReadServerStatus: Sendable, Equatable {
+        public let instance: String
+        public let status: ReadReplicas.ServerStatus
+        public let updatedAt: Timestamp
+    }
+
+    /// The read servers of the live instances (those with `METRICSD_READ_DATABASE_URL`), by instance and server.
+    public func readServers() async throws -> [ReadServerStatus] {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let result = try connection.query(
+                """
+                SELECT r.instance_id, r.server, r.usable, r.lag_seconds::text, r.reads, r.problem,
+                       (extract(epoch FROM r.updated_at) * 1000)::bigint
+                FROM metricsd_read_servers r JOIN metricsd_instances i USING (instance_id)
+                WHERE i.stopped_at IS NULL AND i.last_seen_at > now() - interval '1 minute'
+                ORDER BY r.instance_id, r.server = 'primary', r.server
+                """)
+            return try (0..<result.rowCount).map { row in
+                ReadServerStatus(
+                    instance: try result.requiredString(row, 0),
+                    status: ReadReplicas.ServerStatus(
+                        server: try result.requiredString(row, 1), usable: try result.bool(row, 2),
+                        lagSeconds: result.string(row, 3).flatMap(Double.init), reads: Int(try result.int(row, 4)),
+                        problem: result.string(row, 5)),
+                    updatedAt: Timestamp(millisecondsSinceEpoch: try result.int(row, 6)))
+            }
+        }
+    }
+
     /// Instances seen in the last day, alive first.
     public func instances() async throws -> [InstanceStatus] {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in

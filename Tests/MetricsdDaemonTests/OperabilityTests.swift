@@ -233,11 +233,14 @@ import Testing
             let retention = try #require(json["retention"] as? [String: Any], "\(json)")
             #expect(retention["days"] as? Int == 0)
             #expect(retention["behindSeconds"] is NSNull && retention["latestRun"] is NSNull, "\(retention)")
+            // No instance reads from standbys here.
+            #expect((json["readServers"] as? [Any])?.isEmpty == true, "\(json)")
 
             let text = try DaemonProcess(arguments: ["status"], environment: ["DATABASE_URL": database.url])
             #expect(await text.waitForExit() == 0)
             for expected in ["instances: 2 alive", "daily units (3 zones): done 1, running 1, pending 0, overdue 1", "OVERDUE", "unknown_gender", "v1 (current)",
-                             "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)"] {
+                             "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)",
+                             "read servers: none (every latest read goes to DATABASE_URL"] {
                 #expect(text.log.contains(expected), "status output lacks '\(expected)':\n\(text.log)")
             }
         }

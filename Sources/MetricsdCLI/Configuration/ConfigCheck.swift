@@ -69,6 +69,8 @@ public struct ConfigCheck: Sendable {
                 check.problem(name, "unknown setting (in \(file)); `metricsd help` lists them all")
             }
         }
+        let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
+        check.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(UnknownSettings.warning)
         let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
         for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
             guard let value = environment[setting.name], !value.isEmpty else { continue }
@@ -94,7 +96,8 @@ public struct ConfigCheck: Sendable {
                         check.problem("METRICSD_TLS", error.message)
                     }
                 }
-                let budget = DescriptorBudget(configuration: configuration)
+                let budget = DescriptorBudget(
+                    configuration: configuration, readServers: try configuration.readServers(environment: environment).count)
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
                     check.problem("METRICSD_MAX_CONNECTIONS", problem)
@@ -123,8 +126,9 @@ public struct ConfigCheck: Sendable {
         if let proxies = environment["METRICSD_TRUSTED_PROXIES"], let trusted = TrustedProxies(parsing: proxies) {
             check.note("proxies", "client addresses forwarded by \(trusted) are logged")
         }
-        // 6. The database and its schema (whatever else is wrong).
+        // 6. The database and its schema (whatever else is wrong), then the read servers against it.
         await check.checkDatabase(environment)
+        await check.checkReadServers(environment)
         return check
     }
 

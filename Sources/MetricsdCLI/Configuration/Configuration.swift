@@ -10,6 +10,7 @@ import Logging
 import MetricsdMasking
 import MetricsdPostgres
 import MetricsdSystemd
+import NIOCore
 
 /// Everything `metricsd serve` is configured with, read once at start-up from the environment and systemd
 /// credentials (README, "Configuration"). Invalid values are reported as one clear `ConfigurationError`.
@@ -41,6 +42,11 @@ public struct Configuration: Sendable {
     public var tokens: TokenConfiguration
     /// The admin bearer token; nil serves no admin endpoint at all.
     public var adminToken: String?
+    /// `METRICSD_READ_DATABASE_URL`: streaming standbys for the latest read (one or several hosts); nil reads on
+    /// `DATABASE_URL`.
+    public var readDatabaseURL: String?
+    /// `METRICSD_READ_MAX_LAG_SECONDS`, default 5: a read server further behind the primary is not read from.
+    public var readMaxLagSeconds: Double
     /// `METRICSD_DB_POOL_SIZE`, default 8.
     public var poolSize: Int
     /// `METRICSD_READ_BATCHES`: latest-metrics reads run as at most this many batched statements at once
@@ -93,6 +99,8 @@ public struct Configuration: Sendable {
     public init(environment: [String: String]) throws(ConfigurationError) {
         let reader = EnvironmentReader(environment)
         self.databaseURL = reader["DATABASE_URL"] ?? ""
+        self.readDatabaseURL = reader["METRICSD_READ_DATABASE_URL"]
+        self.readMaxLagSeconds = try reader.number("METRICSD_READ_MAX_LAG_SECONDS")
         self.databasePassword = try Secrets.read(
             credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         self.listen = try reader.parse("METRICSD_LISTEN", default: ListenAddress(host: "127.0.0.1", port: 8080)) {
@@ -170,6 +178,31 @@ public struct Configuration: Sendable {
         } catch {
             throw ConfigurationError(error.message)
         }
+    }
+}
+
+extension Configuration {
+    /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
+    public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer] {
+        guard let url = self.readDatabaseURL else { return [] }
+        do {
+            var settings = try ConnectionSettings(
+                conninfo: url, password: self.databasePassword, environment: environment,
+                setting: "METRICSD_READ_DATABASE_URL")
+            settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            return try settings.readServers()
+        } catch {
+            throw ConfigurationError(error.message)
+        }
+    }
+
+    /// How the daemon's read servers are run: pools of `METRICSD_READ_BATCHES` connections (as many batched reads
+    /// run at once), the pool's wait and session age.
+    public var readReplicasConfiguration: ReadReplicas.Configuration {
+        ReadReplicas.Configuration(
+            maxLag: .milliseconds(Int64(self.readMaxLagSeconds * 1000)), poolSize: self.readBatches,
+            acquireTimeout: .milliseconds(Int64(self.acquireTimeoutMilliseconds)),
+            maxSessionAge: .milliseconds(Int64(self.sessionMaxAgeSeconds * 1000)))
     }
 }
 

@@ -28,11 +28,15 @@ public struct DescriptorBudget: Sendable, Equatable {
     /// and listener included); the reserve is 64 + 4 per core.
     public static func reserve(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int { 64 + 4 * max(1, cores) }
 
-    /// The budget of a daemon with `configuration`.
-    public init(configuration: Configuration) {
+    /// The budget of a daemon with `configuration` and `readServers` hosts in `METRICSD_READ_DATABASE_URL`.
+    public init(configuration: Configuration, readServers: Int = 0) {
         self.add("HTTP connections (METRICSD_MAX_CONNECTIONS)", configuration.maxConnections)
         self.add("database pool (METRICSD_DB_POOL_SIZE)", configuration.poolSize)
         self.add("settings listener session", 1)
+        if readServers > 0 {
+            // Per read server: a pool of METRICSD_READ_BATCHES and the monitor's session; and its session on the primary.
+            self.add("read servers' sessions (METRICSD_READ_DATABASE_URL)", readServers * (configuration.readBatches + 1) + 1)
+        }
         self.add(configuration.internalListen == nil ? "listening socket" : "listening sockets", configuration.internalListen == nil ? 1 : 2)
         self.add("reserve", Self.reserve())
     }

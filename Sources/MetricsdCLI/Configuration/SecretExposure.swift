@@ -31,7 +31,7 @@ public enum SecretExposure {
     }
 
     /// The connection-string settings whose passwords count as plain environment variables.
-    public static let connectionStringSettings = ["DATABASE_URL"]
+    public static let connectionStringSettings = ["DATABASE_URL", "METRICSD_READ_DATABASE_URL"]
 
     /// The warnings for `environment` (the configuration as `serve` reads it).
     /// - Parameters:

@@ -148,6 +148,14 @@ public enum SettingsCatalog {
             "METRICSD_DB_PASSWORD_FILE", .database, .file, unset: "no password file",
             "File holding the database password. Under systemd the db-password credential is used instead; by hand, /etc/credstore/metricsd-db-password when readable."
         ),
+        Setting(
+            "METRICSD_READ_DATABASE_URL", .database, .conninfo, unset: "every read on DATABASE_URL",
+            "Streaming standbys for the latest-metrics read (GET /v1/profile/metrics/today), as a libpq URL or key=value string; several hosts are allowed: postgresql://metricsd@db2:5432,db3:5432/metricsd?connect_timeout=2. metricsd reaches each host on its own (libpq 15 has no load_balance_hosts) and sends each read to the least busy one within METRICSD_READ_MAX_LAG_SECONDS of the primary, else to the primary. Writes, acknowledgements, computation on request and /readyz stay on DATABASE_URL. The db-password credential applies to it too."
+        ),
+        Setting(
+            "METRICSD_READ_MAX_LAG_SECONDS", .database, .number(1...3600), default: "5",
+            "A read server whose data is further behind the primary than this many seconds (from its WAL replay position) is not read from until it catches up: a read shows every change committed on the primary more than this long ago."
+        ),
         Setting("METRICSD_DB_POOL_SIZE", .database, .integer(1...200), default: "8", "Database connections in the pool."),
         Setting(
             "METRICSD_READ_BATCHES", .database, .integer(1...200), default: "2",
@@ -297,6 +305,17 @@ public enum SettingsCatalog {
     ]
 
     public static func setting(_ name: String) -> Setting? { self.all.first { $0.name == name } }
+
+    /// `METRICSD_*` variables of metricsd's own scripts and tests, which are no settings (the test database,
+    /// PostgreSQL's binaries, the built binary, the fault-injecting test build's faults): prefixes, and whole names.
+    /// Never reported as unknown settings.
+    public static let toolingPrefixes = ["METRICSD_TEST_", "METRICSD_PG_", "METRICSD_BINARY", "METRICSD_CONTRACT_", "METRICSD_PACKAGE_"]
+    public static let toolingNames: Set<String> = ["METRICSD_FAULTS", "METRICSD_LONG_TESTS"]
+
+    /// Whether `name` belongs to metricsd's scripts and tests rather than to its settings.
+    public static func isTooling(_ name: String) -> Bool {
+        self.toolingNames.contains(name) || self.toolingPrefixes.contains { name.hasPrefix($0) }
+    }
 
     /// Settings named in `systemd/metricsd.env.example`: all but the testing ones and those whose value is a secret
     /// (the file is world-readable; secrets are credentials).

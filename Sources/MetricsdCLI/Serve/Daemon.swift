@@ -37,8 +37,14 @@ public enum Daemon {
         } catch {
             return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
         }
+        let readServers: [ConnectionSettings.ReadServer]
+        do {
+            readServers = try configuration.readServers(environment: environment)
+        } catch {
+            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
+        }
         // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
-        let budget = DescriptorBudget(configuration: configuration)
+        let budget = DescriptorBudget(configuration: configuration, readServers: readServers.count)
         let descriptors = DescriptorBudget.raiseSoftLimit()
         if let problem = budget.problem(limit: descriptors.soft) {
             return Self.fatal("configuration error: \(problem)", errno: EINVAL, notifier: early)
@@ -65,6 +71,9 @@ public enum Daemon {
         for warning in exposed {
             logger.warning("Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
         }
+        for name in UnknownSettings.names(in: environment) {
+            logger.warning("Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
+        }
         // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
         let fatalLogger: Logger? =
             LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
@@ -85,10 +94,25 @@ public enum Daemon {
                 size: configuration.poolSize, acquireTimeout: .milliseconds(Int64(configuration.acquireTimeoutMilliseconds)),
                 maxSessionAge: .milliseconds(Int64(configuration.sessionMaxAgeSeconds * 1000))),
             logger: logger)
+        let replicas =
+            readServers.isEmpty
+            ? nil
+            : ReadReplicas(
+                primary: pool, servers: readServers, configuration: configuration.readReplicasConfiguration,
+                statementDeadlineSeconds: configuration.statementDeadlineSeconds, logger: logger)
+        if let replicas {
+            logger.info(
+                "Latest reads on read servers",
+                metadata: [
+                    "metricsd.read_servers": "\(readServers.map(\.label).joined(separator: ","))",
+                    "metricsd.read_max_lag_s": "\(configuration.readMaxLagSeconds)",
+                    "metricsd.read_probe_interval_s": "\(replicas.probeIntervalSeconds)",
+                ])
+        }
         let assembly = DaemonAssembly(
             configuration: configuration, environment: environment, migrate: migrate, tokens: tokens, pool: pool,
-            registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current, activation: activation,
-            logger: logger)
+            replicas: replicas, registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current,
+            activation: activation, logger: logger)
         if activation.isActive {
             logger.info(
                 "Listening sockets from systemd",
@@ -127,6 +151,7 @@ public enum Daemon {
                 Self.describe(error, listen: configuration.listen), errno: Self.errno(of: error), notifier: notifier,
                 logger: fatalLogger)
         }
+        await replicas?.close()
         await pool.close()
         return code
     }

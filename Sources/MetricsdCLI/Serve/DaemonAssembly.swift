@@ -29,6 +29,8 @@ struct DaemonAssembly {
     let migrate: Bool
     let tokens: TokenVerifier
     let pool: PostgresPool
+    /// The latest read's read servers (`METRICSD_READ_DATABASE_URL`), nil without.
+    let replicas: ReadReplicas?
     let registry: PrometheusCollectorRegistry
     let levelBox: LogLevelBox
     let notifier: SystemdNotifier
@@ -48,14 +50,15 @@ struct DaemonAssembly {
 
     init(
         configuration: Configuration, environment: [String: String], migrate: Bool, tokens: TokenVerifier,
-        pool: PostgresPool, registry: PrometheusCollectorRegistry, levelBox: LogLevelBox, notifier: SystemdNotifier,
-        hooks: DaemonHooks, activation: SocketActivation = SocketActivation(), logger: Logger
+        pool: PostgresPool, replicas: ReadReplicas?, registry: PrometheusCollectorRegistry, levelBox: LogLevelBox,
+        notifier: SystemdNotifier, hooks: DaemonHooks, activation: SocketActivation = SocketActivation(), logger: Logger
     ) {
         self.configuration = configuration
         self.environment = environment
         self.migrate = migrate
         self.tokens = tokens
         self.pool = pool
+        self.replicas = replicas
         self.registry = registry
         self.levelBox = levelBox
         self.notifier = notifier
@@ -74,7 +77,9 @@ struct DaemonAssembly {
         var queue = WorkQueue(
             pool: self.pool, formula: formula, owner: identity.id, configuration: configuration.work, logger: self.logger)
         queue.faults.beforeCommit = self.hooks.beforeCommit
-        let store = PostgresStore(pool: self.pool, formula: formula, readRunners: configuration.readBatches, logger: self.logger)
+        let store = PostgresStore(
+            pool: self.pool, formula: formula, readRunners: configuration.readBatches, replicas: self.replicas,
+            logger: self.logger)
         let jobs = RecomputeJobs(pool: self.pool, chunkSize: configuration.work.chunkSize)
         let credentials = CredentialBox(
             .init(tokens: self.tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))
@@ -162,13 +167,14 @@ struct DaemonAssembly {
                     logger: self.logger),
                 successTerminationBehavior: .ignore))
         services.append(.init(service: store.readBatches))
+        if let replicas = self.replicas { services.append(.init(service: replicas)) }
         services.append(
             .init(
                 service: Gated(
                     after: self.listening,
                     InstanceHeartbeat(
                         instances: Instances(pool: self.pool), identity: identity, interval: .seconds(10),
-                        logger: self.logger))))
+                        replicas: self.replicas, logger: self.logger))))
         services.append(
             .init(
                 service: Gated(

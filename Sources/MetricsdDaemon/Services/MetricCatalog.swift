@@ -72,6 +72,20 @@ enum MetricCatalog {
             "metricsd_db_errors_total", .counter, labels: ["kind"],
             "Database errors by kind: connect, connection_lost, query, pool_timeout (no free connection in time)."),
 
+        // Read servers (METRICSD_READ_DATABASE_URL)
+        Entry(
+            "metricsd_read_server_reads_total", .counter, labels: ["server"],
+            "Users' latest reads answered by each read server (host:port) and by the primary (server primary): each one's share of the reads."),
+        Entry(
+            "metricsd_read_server_usable", .gauge, labels: ["server"],
+            "1 while latest reads go to the read server (it answers and is within METRICSD_READ_MAX_LAG_SECONDS of the primary), else 0."),
+        Entry(
+            "metricsd_read_server_lag_seconds", .gauge, labels: ["server"],
+            "How far the read server's data may be behind the primary's commits, from its replay position (-1 until first measured)."),
+        Entry(
+            "metricsd_read_fallbacks_total", .counter, labels: ["reason"],
+            "Users' latest reads a read server did not answer, read again on the primary: missing (no row there yet) or error (the read failed)."),
+
         // Daily job
         Entry(
             "metricsd_daily_units", .gauge, labels: ["state"],
