@@ -122,8 +122,9 @@ import Testing
             let files = try CommandLineTests.HostFiles(settings: "METRICSD_WORKERS=1\n\(line)\n")
             let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
             #expect(check.status == 78, "\(check)")
-            #expect(check.stderr == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: expected NAME=value, \(shows)\n"
-                || check.stderr == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: \(shows) (letters, digits and _, not starting with a digit)\n",
+            #expect(check.stderr == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: expected NAME=value, \(shows) [config.file_syntax]\n"
+                || check.stderr
+                    == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: \(shows) (letters, digits and _, not starting with a digit) [config.file_syntax]\n",
                 "\(check.stderr)")
             Self.expectNoLeak(check.stdout + check.stderr, of: password, "check-config")
 

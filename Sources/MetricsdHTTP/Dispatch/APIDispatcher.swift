@@ -16,8 +16,8 @@ package struct ConnectionContext: Sendable {
 ///
 /// In order: the request id; the route (404, 405 with `Allow`, 501 for CONNECT; HEAD is answered as GET); the
 /// in-flight limit (a fast 503 with `Retry-After` instead of a queue); authentication (401 with
-/// `WWW-Authenticate`); the endpoint's handler; errors mapped to `{"error": …, "statusCode": …}` (an unexpected
-/// one is a 500 naming the request id, its detail logged); then the `metricsd_http_*` metrics and the request log
+/// `WWW-Authenticate`); the endpoint's handler; errors mapped to `{"error": …, "statusCode": …, "code": …}` (an
+/// unexpected one is a 500 naming the request id, its detail logged); then the `metricsd_http_*` metrics and the request log
 /// line. The reply is handed back on the connection's event loop; the connection adds the common headers.
 ///
 /// The busiest request, `GET /v1/profile/metrics/today`, is answered without a task: the token is checked on the
@@ -67,20 +67,20 @@ final class APIDispatcher: Sendable {
             endpoint = found
             parameter = value
         case .methodNotAllowed(let allowed):
-            var error = AppError(.methodNotAllowed, "method \(method.rawValue) is not allowed here")
+            var error = AppError(.methodNotAllowed, .methodNotAllowed, "method \(method.rawValue) is not allowed here")
             error.headers[.allow] = allowed.joined(separator: ", ")
             finish(.error(error), route: "unmatched", userID: nil)
             return
         case .notImplemented:
-            finish(.error(AppError(.notImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.notImplemented, .methodNotImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
             return
         case .notFound:
             let shown = Self.shownPath(RouteTable.path(of: head.uri))
-            finish(.error(AppError(.notFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.notFound, .routeNotFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
             return
         }
         guard self.inFlight.enter(limit: self.maxInFlight) else {
-            finish(.error(AppError.unavailable("server busy, retry shortly")), route: "shed", userID: nil)
+            finish(.error(AppError.unavailable(.busy, "server busy, retry shortly")), route: "shed", userID: nil)
             return
         }
         let route = endpoint.route
@@ -94,7 +94,7 @@ final class APIDispatcher: Sendable {
                 let token = try bearerToken(fields.authorization)
                 guard let check = self.credentials.current.admin, check.matches(token) else {
                     Self.requestLogger(self.logger, requestID: requestID, userID: nil).notice("Admin token refused")
-                    throw AppError.unauthorized("invalid admin token")
+                    throw AppError.unauthorized(.adminTokenInvalid, "invalid admin token")
                 }
             }
         } catch {
@@ -139,9 +139,9 @@ final class APIDispatcher: Sendable {
         let finish = Finish(dispatcher: self, method: method, requestID: requestID, started: .now, completion: completion)
         switch refusal {
         case .bodyTooLarge:
-            finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
+            finish(.error(AppError(.contentTooLarge, .bodyTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
         case .expectationFailed:
-            finish(.error(AppError(.expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.expectationFailed, .expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
         }
     }
 
@@ -157,7 +157,7 @@ final class APIDispatcher: Sendable {
             done(reply)
         }
         // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
-        if !accepted { done(.error(AppError.unavailable("connection closed"))) }
+        if !accepted { done(.error(AppError.unavailable(.connectionClosed, "connection closed"))) }
     }
 
     /// The end of a request that passed the in-flight limit: gives its slot back, then ``Finish``; on the
@@ -207,7 +207,7 @@ final class APIDispatcher: Sendable {
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(
                 method: self.method, route: route, status: status, started: self.started, userID: userID,
-                requestID: self.requestID)
+                requestID: self.requestID, errorCode: reply.errorCode)
             self.completion(reply, self.requestID)
         }
     }
@@ -221,8 +221,8 @@ final class APIDispatcher: Sendable {
             return try self.credentials.current.tokens.verify(token)
         } catch {
             let logger = Self.requestLogger(self.logger, requestID: requestID, userID: nil)
-            logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)"])
-            throw AppError.unauthorized(error.message)
+            logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)", "metricsd.error.code": "\(error.errorCode)"])
+            throw AppError.unauthorized(.token(error.reason), error.message)
         }
     }
 
@@ -239,15 +239,17 @@ final class APIDispatcher: Sendable {
         switch error {
         case let error as AppError:
             if error.status.code >= 500 {
-                logger.warning("Request failed", metadata: ["metricsd.error": "\(error.message)"])
+                logger.warning("Request failed", metadata: .errorFields(error.message, code: error.errorCode))
             }
             return error
         case let error as any ClientFacingError where error.clientError != nil:
-            logger.warning("Request failed", metadata: ["metricsd.error": "\(error)"])
+            logger.warning("Request failed", metadata: .errorFields(error))
             return error.clientError!
         default:
-            logger.error("Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
-            return AppError(.internalServerError, "internal server error (request \(requestID))")
+            // The log line carries the failure's own code when it has one, else the 500's.
+            let code = (error as? any CodedError)?.errorCode ?? AppError.Code.internalError.rawValue
+            logger.error("Unhandled error", metadata: .errorFields(String(reflecting: error), code: code))
+            return AppError(.internalServerError, .internalError, "internal server error (request \(requestID))")
         }
     }
 }

@@ -18,8 +18,9 @@ public enum RequestLogMode: String, Sendable, CaseIterable {
 }
 
 /// One structured line per request, the same for every route: method, route template, status, duration, the
-/// user id when authenticated and the request id, as journal fields (`HTTP_METHOD`, `HTTP_ROUTE`, `HTTP_STATUS`,
-/// `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`), so `journalctl -u metricsd USER_ID=42` finds a user's requests.
+/// user id when authenticated, the request id and an error reply's code, as journal fields (`HTTP_METHOD`,
+/// `HTTP_ROUTE`, `HTTP_STATUS`, `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`, `ERROR_CODE`), so
+/// `journalctl -u metricsd USER_ID=42` finds a user's requests and `ERROR_CODE=token.expired` every expired token.
 ///
 /// The mode changes on reload (SIGHUP). Lines are written at `info` whatever `METRICSD_LOG_LEVEL` says: the
 /// request log has its own switch.
@@ -43,7 +44,7 @@ public final class RequestLog: Sendable {
 
     func record(
         method: HTTPRequest.Method, route: String, status: Int, started: ContinuousClock.Instant, userID: Int64?,
-        requestID: String
+        requestID: String, errorCode: String? = nil
     ) {
         switch self.mode {
         case .off: return
@@ -59,6 +60,7 @@ public final class RequestLog: Sendable {
             "metricsd.request.id": .string(requestID),
         ]
         if let userID { metadata["metricsd.user.id"] = .stringConvertible(userID) }
+        if let errorCode { metadata["metricsd.error.code"] = .string(errorCode) }
         self.logger.log(
             level: .info, "\(method.rawValue) \(route) \(status) \(milliseconds) ms", metadata: metadata)
     }
