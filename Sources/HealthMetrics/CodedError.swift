@@ -11,12 +11,6 @@ public protocol CodedError: Error, CustomStringConvertible {
     var errorCode: String { get }
 }
 
-extension CodedError {
-    /// The description followed by the code in brackets: `the JWT secret must be at least 32 bytes …
-    /// [config.jwt_secret_too_short]`, as a command line's `Error:` line and `check-config` show it.
-    public var descriptionWithCode: String { "\(self.description) [\(self.errorCode)]" }
-}
-
 /// The log fields of a failure, for any log metadata type (swift-log's `Logger.Metadata`).
 extension Dictionary where Key == String, Value: ExpressibleByStringLiteral, Value.StringLiteralType == String {
     /// `metricsd.error` (the description) and, for a ``CodedError``, `metricsd.error.code`.

@@ -27,7 +27,7 @@ public struct OperatorSession: Sendable {
             self.errorCode = code
         }
         /// What the `Error:` line shows: the message and the code.
-        public var description: String { self.descriptionWithCode }
+        public var description: String { "\(self.message) [\(self.errorCode)]" }
 
         /// The commands' own codes (the rest are those of the configuration, the database and the API).
         public static let jobFailed = "job.failed"
