@@ -429,10 +429,12 @@ import Testing
         try await APIServer.run(store: FailingStore(), logger: logger) { port in
             let user = TestTokens.bearer(TestTokens.user(1))
             let ack = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#
-            for (path, method, body, clientID) in [
-                ("/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?),
-                (Self.acknowledgePath, .post, ack, "trace-500-ack"),
-                ("/v1/profile/metrics/today", .get, nil, nil),
+            // The 500's log line carries the cause's own code when it has one (a statement the server refused),
+            // else the 500's; the body always the 500's.
+            for (path, method, body, clientID, loggedCode) in [
+                ("/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?, "database.query_failed"),
+                (Self.acknowledgePath, .post, ack, "trace-500-ack", "server.internal"),
+                ("/v1/profile/metrics/today", .get, nil, nil, "database.query_failed"),
             ] {
                 var headers = user
                 if let clientID { headers[HTTPField.Name("X-Request-Id")!] = clientID }
@@ -447,7 +449,7 @@ import Testing
                 let logged = logs.all.filter { $0.level >= .error && $0.metadata["metricsd.request.id"] == id }
                 #expect(logged.count == 1, "\(logs.all.map { "\($0.level) \($0.message) \($0.metadata)" })")
                 #expect(logged.first?.metadata["metricsd.error"]?.contains("syntax error") == true)
-                #expect(logged.first?.metadata["metricsd.error.code"] == "server.internal")
+                #expect(logged.first?.metadata["metricsd.error.code"] == loggedCode, "\(path)")
             }
             // Readiness is not a fault of the request: 503, not 500.
             #expect(try await API.send(port: port, "/readyz").status == 503)
