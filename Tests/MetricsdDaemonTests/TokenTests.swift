@@ -106,6 +106,33 @@ import Testing
 
     // MARK: Algorithms
 
+    /// Which checks are made on the event loop: an HS256 MAC and a refusal (malformed, an algorithm not accepted);
+    /// an accepted asymmetric signature or a header that must be decoded is checked in the connection's task.
+    /// Over HTTP both ways answer alike: 200, or 401 with the reason's code.
+    @Test func onlyQuickTokenChecksAreMadeOnTheEventLoop() async throws {
+        let hsOnly = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        for key in [try await AsymmetricKey.ed25519(), try await AsymmetricKey.p256(), try await AsymmetricKey.rsa()] {
+            let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
+            let signed = try key.token(Self.valid)
+            #expect(!verifier.checksQuickly(Substring(signed)), "\(key.name)")
+            #expect(try verifier.verify(Substring(signed)) == Self.user, "\(key.name)")
+            #expect(hsOnly.checksQuickly(Substring(signed)), "\(key.name) not accepted: refused at once")
+        }
+        #expect(hsOnly.checksQuickly(Substring(Self.hs256(Self.valid))))
+        #expect(hsOnly.checksQuickly("not-a-token"))
+        #expect(!hsOnly.checksQuickly(Substring(Self.hs256(Self.valid, header: ["typ": "JWT", "kid": "k1", "alg": "HS256"]))))
+
+        let key = try await AsymmetricKey.p256()
+        try await Self.serve(tokens: TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM)) { port in
+            let ok = try await API.send(port: port, Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
+            #expect(ok.status == 200, "\(ok)")
+            let expired = try key.token(SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))
+            let refused = try await API.send(port: port, Self.today, headers: TestTokens.bearer(expired))
+            expectErrorBody(refused, status: 401, code: .token(.expired))
+            #expect(refused.headers[.wwwAuthenticate] == "Bearer", "\(refused)")
+        }
+    }
+
     @Test func algNoneAndUnpinnedAlgorithmsAreRefused() async throws {
         let ed25519 = try await AsymmetricKey.ed25519()
         let configuration = TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: ed25519.publicPEM)

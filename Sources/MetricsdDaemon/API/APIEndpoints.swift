@@ -61,11 +61,12 @@ public enum HTTPEndpoints: Sendable {
     }
 }
 
-/// `GET /metrics`: the Prometheus text format.
+/// `GET /metrics`: the Prometheus text format, rendered in the connection's task: rendering every series takes
+/// far longer than an event loop may be held (scripts/bench, step eventloop).
 func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
     Endpoint(
         .get, "/metrics", access: .open, caching: .noStore,
-        .immediate { _ in
+        .async { _ in
             var buffer: [UInt8] = []
             buffer.reserveCapacity(16 * 1024)
             registry.emit(into: &buffer)

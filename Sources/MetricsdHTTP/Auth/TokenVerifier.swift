@@ -70,6 +70,16 @@ public struct TokenVerifier: Sendable {
         }
     }
 
+    /// Whether ``verify(_:now:)`` answers `token` within a few microseconds, so that it may run on an event loop:
+    /// the usual header of an HS256 token (one MAC), or of an algorithm not accepted, and anything that is not
+    /// three parts (refused at once). An accepted asymmetric algorithm's signature (tens to hundreds of
+    /// microseconds) and an unusual header (decoded as JSON) are not.
+    public func checksQuickly(_ token: Substring) -> Bool {
+        guard let parts = Self.threeParts(token), token.utf8.count <= 8192 else { return true }
+        guard let alg = Self.commonHeader(parts.header) else { return false }
+        return alg == "HS256" || self.algorithms[alg] == nil
+    }
+
     /// Verifies a compact JWS and returns its user id (`sub`).
     /// - Parameter now: seconds since 1970 (tests pass their own).
     public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {

@@ -83,13 +83,20 @@ final class APIDispatcher: Sendable {
             finish(.error(AppError.unavailable(.busy, "server busy, retry shortly")), route: "shed", userID: nil)
             return
         }
-        let route = endpoint.route
         var userID: Int64?
         do throws(AppError) {
             switch endpoint.access {
             case .open: break
             case .user:
-                userID = try self.authenticatedUser(fields.authorization, requestID: requestID)
+                let token = try bearerToken(fields.authorization)
+                let tokens = self.credentials.current.tokens
+                guard tokens.checksQuickly(token) else {
+                    self.verifyElsewhere(
+                        token, with: tokens, endpoint: endpoint, parameter: parameter, head: head, body: body,
+                        ifNoneMatch: fields.ifNoneMatch, requestID: requestID, finish: finish, connection: connection)
+                    return
+                }
+                userID = try self.verifiedUser(token, with: tokens, requestID: requestID)
             case .admin:
                 let token = try bearerToken(fields.authorization)
                 guard let check = self.credentials.current.admin, check.matches(token) else {
@@ -99,16 +106,26 @@ final class APIDispatcher: Sendable {
             }
         } catch {
             self.inFlight.leave()
-            finish(.error(error), route: route, userID: nil)
+            finish(.error(error), route: endpoint.route, userID: nil)
             return
         }
-        let user = userID
+        self.run(
+            endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: fields.ifNoneMatch, requestID: requestID,
+            userID: userID, finish: finish, connection: connection)
+    }
+
+    /// The endpoint's handler, once the request passed routing, the in-flight limit and authentication; on the
+    /// connection's event loop.
+    private func run(
+        _ endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead, body: ByteBuffer, ifNoneMatch: [String]?,
+        requestID: String, userID user: Int64?, finish: Finish, connection: ConnectionContext
+    ) {
         let request = EndpointRequest(
             head: head, body: body, parameter: parameter, requestID: requestID, userID: user,
             eventLoop: connection.eventLoop, logger: self.logger)
         let done = Done(
-            dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: route,
-            request: request, caching: endpoint.caching, ifNoneMatch: fields.ifNoneMatch)
+            dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: endpoint.route,
+            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch)
         switch endpoint.handler {
         case .immediate(let handle):
             let reply: Reply
@@ -128,6 +145,35 @@ final class APIDispatcher: Sendable {
             }
         case .async(let handle):
             self.later({ try await handle(request) }, done: done, connection: connection)
+        }
+    }
+
+    /// A token whose check would hold the event loop (an asymmetric signature: ES256, EdDSA, RS256 take tens to
+    /// hundreds of microseconds, an HS256 MAC about one) is checked in the connection's task; the request then
+    /// goes on from the event loop as any other (scripts/bench, step eventloop).
+    private func verifyElsewhere(
+        _ token: Substring, with tokens: TokenVerifier, endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead,
+        body: ByteBuffer, ifNoneMatch: [String]?, requestID: String, finish: Finish, connection: ConnectionContext
+    ) {
+        let bound = NIOLoopBound(finish, eventLoop: connection.eventLoop)
+        let accepted = connection.worker.submit {
+            let verified = Result { () throws(AppError) -> Int64 in try self.verifiedUser(token, with: tokens, requestID: requestID) }
+            connection.eventLoop.execute {
+                switch verified {
+                case .success(let userID):
+                    self.run(
+                        endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: ifNoneMatch,
+                        requestID: requestID, userID: userID, finish: bound.value, connection: connection)
+                case .failure(let error):
+                    self.inFlight.leave()
+                    bound.value(.error(error), route: endpoint.route, userID: nil)
+                }
+            }
+        }
+        // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
+        if !accepted {
+            self.inFlight.leave()
+            finish(.error(AppError.unavailable(.connectionClosed, "connection closed")), route: endpoint.route, userID: nil)
         }
     }
 
@@ -215,10 +261,9 @@ final class APIDispatcher: Sendable {
     // MARK: Authentication
 
     /// The user id (`sub`) of a bearer token, or the 401 to answer, its reason logged at debug level.
-    func authenticatedUser(_ authorization: String?, requestID: String) throws(AppError) -> Int64 {
-        let token = try bearerToken(authorization)
+    func verifiedUser(_ token: Substring, with tokens: TokenVerifier, requestID: String) throws(AppError) -> Int64 {
         do {
-            return try self.credentials.current.tokens.verify(token)
+            return try tokens.verify(token)
         } catch {
             let logger = Self.requestLogger(self.logger, requestID: requestID, userID: nil)
             logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)", "metricsd.error.code": "\(error.errorCode)"])

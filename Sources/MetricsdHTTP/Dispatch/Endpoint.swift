@@ -107,11 +107,15 @@ package struct Reply: Sendable {
     var body: ByteBuffer
     /// The error's stable code for an error reply (the request log carries it), nil otherwise.
     var errorCode: String?
+    /// The strong tag of a body that never changes, computed once by its endpoint (`/openapi.yaml`); nil: the
+    /// tag, when the endpoint's ``CachePolicy`` has one, is computed from the body.
+    var entityTag: EntityTag?
 
-    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer) {
+    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer, entityTag: EntityTag? = nil) {
         self.status = status
         self.headers = headers
         self.body = body
+        self.entityTag = entityTag
     }
 
     /// A JSON body, ended by a newline (so that two answers printed by curl do not run together).
