@@ -62,21 +62,10 @@ import Testing
         return responses
     }
 
-    /// One response with a `Content-Length` at the start of `bytes`, and how many bytes it took.
+    /// One response at the start of `bytes`, and how many bytes it took.
     private static func parse(_ bytes: [UInt8]) -> (Wire, Int)? {
-        guard bytes.count >= 4,
-            let end = (0...(bytes.count - 4)).first(where: { bytes[$0] == 13 && bytes[$0 + 1] == 10 && bytes[$0 + 2] == 13 && bytes[$0 + 3] == 10 })
-        else { return nil }
-        var lines = String(decoding: bytes[..<end], as: UTF8.self).components(separatedBy: "\r\n")
-        let statusLine = lines.removeFirst().split(separator: " ")
-        guard statusLine.count >= 2, let status = Int(statusLine[1]) else { return nil }
-        var headers: [String: String] = [:]
-        for line in lines {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-        }
-        guard let length = headers["content-length"].flatMap({ Int($0) }), bytes.count >= end + 4 + length else { return nil }
-        return (Wire(status: status, headers: headers, body: String(decoding: bytes[(end + 4)..<(end + 4 + length)], as: UTF8.self)), end + 4 + length)
+        guard let (response, used) = WireResponse.parse(bytes[...], bodyless: false) else { return nil }
+        return (Wire(status: response.status, headers: response.headers, body: response.text), used)
     }
 
     static func get(_ path: String, token: String?, id: String, extra: String = "") -> String {
