@@ -301,8 +301,8 @@ import NotifyTestSupport
             let pings = manager.datagrams(from: before).filter { $0.has("WATCHDOG=1") }
             #expect(pings.count >= 2, "pings stopped during a database outage: \(manager.transcript)")
 
+            let up = manager.count  // before the start: the daemon may recover while pg_ctl is still waiting
             try await cluster.start()
-            let up = manager.count
             let recovered = await manager.first(from: up, timeout: .seconds(30)) {
                 guard let status = $0.value("STATUS") else { return false }
                 return status.hasPrefix("serving on") && !status.contains("database unavailable")
