@@ -179,7 +179,7 @@ let package = Package(
         .testTarget(
             name: "MetricsdHTTPTests",
             dependencies: [
-                "HealthMetrics", "MetricsdHTTP",
+                "HealthMetrics", "MetricsdHTTP", "MetricsdTestSupport",
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),

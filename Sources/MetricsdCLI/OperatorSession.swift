@@ -18,10 +18,22 @@ public struct OperatorSession: Sendable {
     let pool: PostgresPool
     let logger: Logger
 
-    /// A failure to report as one line (`Error: …`) with exit code 1.
-    public struct Failure: Error, CustomStringConvertible {
-        public let description: String
-        public init(_ description: String) { self.description = description }
+    /// A failure to report as one line (`Error: … [code]`) with exit code 1.
+    public struct Failure: CodedError {
+        public let message: String
+        public let errorCode: String
+        public init(_ message: String, code: String) {
+            self.message = message
+            self.errorCode = code
+        }
+        /// What the `Error:` line shows: the message and the code.
+        public var description: String { "\(self.message) [\(self.errorCode)]" }
+
+        /// The commands' own codes (the rest are those of the configuration, the database and the API).
+        public static let jobFailed = "job.failed"
+        public static let jobCancelled = "job.cancelled"
+        public static let schemaMissing = "schema.missing"
+        public static let commandCodes = [jobFailed, jobCancelled, schemaMissing]
     }
 
     /// Sets up configuration, logging (warnings and up on stderr) and a small pool, runs `body`, and closes the pool.
@@ -32,7 +44,7 @@ public struct OperatorSession: Sendable {
             environment = try ConfigFile.merge(into: HostEnvironment(ProcessInfo.processInfo.environment).environment)
             configuration = try Configuration(environment: environment)
         } catch {
-            throw Failure("configuration error: \(error)")
+            throw Failure("configuration error: \(error)", code: error.errorCode)
         }
         let level = LogLevelBox(.warning)
         LoggingSystem.bootstrap { label in
@@ -43,7 +55,7 @@ public struct OperatorSession: Sendable {
         do {
             settings = try configuration.connectionSettings(environment: environment)
         } catch {
-            throw Failure("configuration error: \(error)")
+            throw Failure("configuration error: \(error)", code: error.errorCode)
         }
         let pool = PostgresPool(settings: settings, configuration: .init(size: 2, acquireTimeout: .seconds(30)), logger: logger)
         let tool = OperatorSession(configuration: configuration, pool: pool, logger: logger)
@@ -53,8 +65,8 @@ public struct OperatorSession: Sendable {
         } catch let error as PostgresError {
             await pool.close()
             switch error.code {
-            case .connectionFailed: throw Failure("cannot connect to the database: \(error.message)")
-            default: throw Failure("database error: \(error)")
+            case .connectionFailed: throw Failure("cannot connect to the database: \(error.message)", code: error.errorCode)
+            default: throw Failure("database error: \(error)", code: error.errorCode)
             }
         } catch {
             await pool.close()
@@ -82,7 +94,7 @@ public struct OperatorSession: Sendable {
                 for name in applied { Self.print("applied \(name)") }
             }
         } catch let error as MigrationError {
-            throw Failure(error.message)
+            throw Failure(error.message, code: error.errorCode)
         }
     }
 
@@ -114,12 +126,14 @@ public struct OperatorSession: Sendable {
         do {
             listener = try await self.listen(channel: "metricsd_recompute")
         } catch {
-            self.logger.warning("Cannot listen for the job's end; reading it every 2 s", metadata: ["metricsd.error": "\(error)"])
+            self.logger.warning("Cannot listen for the job's end; reading it every 2 s", metadata: .errorFields(error))
             listener = nil
         }
         var lastLine = ContinuousClock.now - .seconds(10)
         while true {
-            guard let job = try await self.jobs.job(id: jobID) else { throw Failure("recompute job \(jobID) vanished") }
+            guard let job = try await self.jobs.job(id: jobID) else {
+                throw Failure("recompute job \(jobID) vanished", code: AppError.Code.jobNotFound.rawValue)
+            }
             if terminal {
                 StandardOutput.write("\r" + Self.progressBar(job) + "\u{1B}[K")
             } else if ContinuousClock.now - lastLine >= .seconds(5) || job.state.isFinished {
@@ -133,7 +147,9 @@ public struct OperatorSession: Sendable {
                     Self.print("recompute job \(job.id) done: \(job.counts.summary)")
                     return
                 default:
-                    throw Failure("recompute job \(job.id) \(job.state.rawValue)\(job.lastError.map { ": \($0)" } ?? "")")
+                    throw Failure(
+                        "recompute job \(job.id) \(job.state.rawValue)\(job.lastError.map { ": \($0)" } ?? "")",
+                        code: job.state == .cancelled ? Failure.jobCancelled : Failure.jobFailed)
                 }
             }
             let wait: Int32 = terminal ? 500 : 2000
@@ -165,7 +181,9 @@ public struct OperatorSession: Sendable {
     public func recomputeStatus(id: Int64?, json: Bool) async throws {
         let jobs: [RecomputeJob]
         if let id {
-            guard let job = try await self.jobs.job(id: id) else { throw Failure("no recompute job \(id)") }
+            guard let job = try await self.jobs.job(id: id) else {
+                throw Failure("no recompute job \(id)", code: AppError.Code.jobNotFound.rawValue)
+            }
             jobs = [job]
         } else {
             jobs = try await self.jobs.recent(limit: 10)
@@ -181,8 +199,9 @@ public struct OperatorSession: Sendable {
     public func recomputeCancel(id: Int64) async throws {
         switch try await self.jobs.cancel(id: id) {
         case .cancelled(let job): Self.print("recompute job \(id) cancelled at \(Self.percent(job.percent)); trigger again to continue")
-        case .alreadyFinished(let job): throw Failure("recompute job \(id) is already \(job.state.rawValue)")
-        case .notFound: throw Failure("no recompute job \(id)")
+        case .alreadyFinished(let job):
+            throw Failure("recompute job \(id) is already \(job.state.rawValue)", code: AppError.Code.jobFinished.rawValue)
+        case .notFound: throw Failure("no recompute job \(id)", code: AppError.Code.jobNotFound.rawValue)
         }
     }
 

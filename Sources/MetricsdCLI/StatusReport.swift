@@ -33,7 +33,8 @@ struct StatusReport {
         let migrator = Migrator()
         let schema = try await pool.withConnection { try migrator.status(on: $0) }
         guard schema.latestApplied != nil else {
-            throw OperatorSession.Failure("the database has no metricsd schema yet: run `metricsd migrate`")
+            throw OperatorSession.Failure(
+                "the database has no metricsd schema yet: run `metricsd migrate`", code: OperatorSession.Failure.schemaMissing)
         }
         let now = try await pool.withConnection { connection in
             Timestamp(millisecondsSinceEpoch: try connection.query("SELECT (extract(epoch FROM now()) * 1000)::bigint").int(0, 0))

@@ -1,3 +1,4 @@
+import HealthMetrics
 import Logging
 
 /// One ordered, forward-only schema change (`migrations/NNNN_name.sql`, embedded in the binary).
@@ -104,9 +105,8 @@ public struct Migrator: Sendable {
         let status = try self.status(on: connection)
         if let first = status.changed.first {
             throw MigrationError(
-                message:
-                    "migration \(first) was changed after it was applied; restore the original file and add a new migration instead"
-            )
+                .changed,
+                "migration \(first) was changed after it was applied; restore the original file and add a new migration instead")
         }
         var applied: [String] = []
         for (index, name) in status.pending.enumerated() {
@@ -121,7 +121,7 @@ public struct Migrator: Sendable {
                         [migration.name, migration.sql])
                 }
             } catch let error as PostgresError {
-                throw MigrationError(message: "migration \(name) failed: \(error)")
+                throw MigrationError(.failed, "migration \(name) failed: \(error)")
             }
             applied.append(name)
         }
@@ -142,7 +142,22 @@ public struct Migrator: Sendable {
 }
 
 /// A migration could not be applied; the message names it and says what to do.
-public struct MigrationError: Error, CustomStringConvertible, Sendable {
+public struct MigrationError: CodedError, Sendable {
+    public enum Kind: String, CaseIterable, Sendable {
+        /// An applied migration's file differs from what was applied (its checksum).
+        case changed = "migration.changed"
+        /// A migration's statements failed; its transaction was rolled back.
+        case failed = "migration.failed"
+    }
+
+    public let kind: Kind
     public let message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var errorCode: String { self.kind.rawValue }
     public var description: String { self.message }
 }

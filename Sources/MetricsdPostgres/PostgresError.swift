@@ -1,10 +1,12 @@
+import HealthMetrics
 import MetricsdMasking
 
 /// An error from PostgreSQL or from talking to it, with the server's SQLSTATE when there is one.
 ///
 /// Its message never holds a password: every message goes through ``SecretMask`` when the error is made — the
 /// pattern rules always, and the known passwords of the connection it came from (``ConnectionSettings/mask``).
-public struct PostgresError: Error, Sendable, CustomStringConvertible {
+/// Its stable code (``errorCode``) is `database.` and the ``Code`` in snake case: `database.connection_failed`.
+public struct PostgresError: CodedError, Sendable {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Base: String, Sendable {
             case badConnectionString, connectionFailed, connectionLost, queryFailed, unexpectedResult
@@ -28,6 +30,26 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
         public static let poolClosed = Code(base: .poolClosed)
 
         public var description: String { self.base.rawValue }
+
+        /// The stable code (``CodedError``): `database.connection_failed`, … A connection string libpq refuses is
+        /// a configuration error wherever it is reported: `config.database_url_invalid`.
+        public var errorCode: String {
+            switch self.base {
+            case .badConnectionString: "config.database_url_invalid"
+            case .connectionFailed: "database.connection_failed"
+            case .connectionLost: "database.connection_lost"
+            case .queryFailed: "database.query_failed"
+            case .unexpectedResult: "database.unexpected_result"
+            case .poolTimeout: "database.pool_timeout"
+            case .poolClosed: "database.pool_closed"
+            }
+        }
+
+        /// Every code, for the list of error codes.
+        public static let all: [Code] = [
+            .badConnectionString, .connectionFailed, .connectionLost, .queryFailed, .unexpectedResult, .poolTimeout,
+            .poolClosed,
+        ]
     }
 
     public let code: Code
@@ -47,6 +69,8 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
     public func masked(by mask: SecretMask) -> PostgresError {
         PostgresError(code: self.code, message: self.message, sqlState: self.sqlState, mask: mask)
     }
+
+    public var errorCode: String { self.code.errorCode }
 
     public var description: String {
         if let sqlState { return "\(self.message) (SQLSTATE \(sqlState))" }

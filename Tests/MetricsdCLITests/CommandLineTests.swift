@@ -129,12 +129,13 @@ import Testing
                 ["status"], files.environment.merging(["DATABASE_URL": "postgresql://127.0.0.1:1/none?connect_timeout=2"]) { $1 })
             #expect(overridden.status == 1)
             #expect(overridden.stderr.hasPrefix("Error: cannot connect to the database: "), "\(overridden.stderr)")
+            #expect(overridden.stderr.hasSuffix(" [database.connection_failed]\n"), "\(overridden.stderr)")
 
             try ConfigurationFileTests.write("DATABASE_URL=\(database.url)\nMETRICSD_WORKERS 3\n", to: files.envFile)
             let bad = try await Self.metricsd(["status"], files.environment)
             #expect(bad.status == 1)
             #expect(
-                bad.stderr == "Error: configuration error: \(files.envFile):2: expected NAME=value, got 'METRICSD_WORKERS 3'\n",
+                bad.stderr == "Error: configuration error: \(files.envFile):2: expected NAME=value, got 'METRICSD_WORKERS 3' [config.file_syntax]\n",
                 "\(bad.stderr)")
         }
     }
@@ -198,17 +199,17 @@ import Testing
             #expect(result.status == 78, "\(result)")
             let problems = result.stderr.split(separator: "\n").map(String.init)
             let expected = [
-                "metricsd: METRICSD_DB_POOL_SIZE: must be a whole number from 1 to 200, got '0'",
-                "metricsd: METRICSD_DAILY_AT: must be HH:MM (e.g. 00:05), got '25:00'",
-                "metricsd: METRICSD_LOG_LEVEL: must be one of trace, debug, info, notice, warning, error, critical, got 'loud'",
-                "metricsd: METRICSD_JWT_SECRET_FILE: the JWT secret is 9 bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)",
-                "metricsd: METRICSD_ADMIN_TOKEN_FILE: the admin token is 5 characters; at least 16 are needed",
-                "metricsd: METRICSD_INTERNAL_LISTEN: 127.0.0.1:\(busy) is in use by another program",
+                "metricsd: METRICSD_DB_POOL_SIZE: must be a whole number from 1 to 200, got '0' [config.invalid_value]",
+                "metricsd: METRICSD_DAILY_AT: must be HH:MM (e.g. 00:05), got '25:00' [config.invalid_value]",
+                "metricsd: METRICSD_LOG_LEVEL: must be one of trace, debug, info, notice, warning, error, critical, got 'loud' [config.invalid_value]",
+                "metricsd: METRICSD_JWT_SECRET_FILE: the JWT secret is 9 bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48) [config.jwt_secret_too_short]",
+                "metricsd: METRICSD_ADMIN_TOKEN_FILE: the admin token is 5 characters; at least 16 are needed [config.admin_token_too_short]",
+                "metricsd: METRICSD_INTERNAL_LISTEN: 127.0.0.1:\(busy) is in use by another program [config.listen_unavailable]",
             ]
             #expect(Array(problems.prefix(6)) == expected, "\(result.stderr)")
             #expect(problems.count == 7, "\(result.stderr)")
             #expect(
-                problems.last?.wholeMatch(of: /metricsd: DATABASE_URL: .+: schema is behind, 1 of [0-9]+ migrations pending \(run: metricsd migrate\)/)
+                problems.last?.wholeMatch(of: /metricsd: DATABASE_URL: .+: schema is behind, 1 of [0-9]+ migrations pending \(run: metricsd migrate\) \[schema\.behind\]/)
                     != nil, "\(result.stderr)")
             #expect(result.stdout.hasPrefix("configuration has 7 problems\n"), "\(result.stdout)")
 
@@ -224,7 +225,7 @@ import Testing
         #expect(result.status == 78, "\(result)")
         let problems = result.stderr.split(separator: "\n").map(String.init)
         #expect(
-            problems.contains("metricsd: METRICSD_RETENTION_DAYS: must be a whole number from 0 to 36500, got '\(value)'"),
+            problems.contains("metricsd: METRICSD_RETENTION_DAYS: must be a whole number from 0 to 36500, got '\(value)' [config.invalid_value]"),
             "\(result.stderr)")
     }
 
@@ -244,8 +245,10 @@ import Testing
         #expect(result.status == 78, "\(result)")
         let problems = result.stderr.split(separator: "\n").map(String.init)
         #expect(problems.count == 2, "\(result.stderr)")
-        #expect(problems.first?.hasPrefix("metricsd: METRICSD_JWT_SECRET_FILE: no JWT secret or public key") == true, "\(result.stderr)")
+        #expect(problems.first?.hasPrefix("metricsd: METRICSD_JWT_SECRET_FILE: ") == true, "\(result.stderr)")
+        #expect(problems.first?.hasSuffix(" [config.no_jwt_key]") == true, "\(result.stderr)")
         #expect(problems.last?.hasPrefix("metricsd: DATABASE_URL: cannot connect to the database: ") == true, "\(result.stderr)")
+        #expect(problems.last?.hasSuffix(" [database.connection_failed]") == true, "\(result.stderr)")
     }
 
     // MARK: Generated documents

@@ -68,6 +68,7 @@ import Testing
         do {
             _ = try EnvironmentFile.parse(text, path: "/f.env")
         } catch {
+            #expect(error.kind == .fileSyntax)
             #expect(error.message == message)
         }
     }
@@ -132,6 +133,7 @@ import Testing
         do {
             _ = try HostEnvironment(["METRICSD_ENV_FILE": directory + "/absent.env"])
         } catch {
+            #expect(error.kind == .fileUnreadable)
             #expect(error.message == "cannot read \(directory)/absent.env (no such file or directory)")
         }
         // A leading "-" makes a named file optional, as in EnvironmentFile=.

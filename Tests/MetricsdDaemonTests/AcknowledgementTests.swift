@@ -3,6 +3,8 @@ import Foundation
 import HTTPTypes
 import HealthMetrics
 import Logging
+import MetricsdDaemon
+import MetricsdHTTP
 import MetricsdPostgres
 import Testing
 
@@ -103,7 +105,7 @@ import Testing
                 for text in ["2025-10-29T14:30:45.122Z", "2025-10-29T14:30:45.124Z", "2025-10-29T14:30:45Z"] {
                     expectErrorBody(
                         try await API.acknowledge(port: port, user: 1, version: 1, computedAt: text), status: 404,
-                        contains: [Self.updated])
+                        code: .stale, contains: [Self.updated])
                 }
             }
         }
@@ -129,7 +131,7 @@ import Testing
                 #expect(data["acknowledgement"] == .null)
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-28T00:05:00.000Z"),
-                    status: 404, contains: [Self.updated])
+                    status: 404, code: .stale)
                 #expect(try Self.expectAcknowledged(
                     try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), version: 1) != "")
                 #expect(try await Self.current(port: port, user: 1).data["acknowledged"] == .bool(true))
@@ -174,7 +176,7 @@ import Testing
                 #expect(changed.data["acknowledgement"] == .null)
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T00:05:00.000Z"),
-                    status: 404, contains: [Self.updated])
+                    status: 404, code: .stale)
                 _ = try Self.expectAcknowledged(
                     try await API.acknowledge(port: port, user: 2, version: 1, computedAt: changed.computedAt), version: 1)
             }
@@ -197,7 +199,7 @@ import Testing
                 #expect(after.data["acknowledged"] == .bool(false))
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), status: 404,
-                    contains: [Self.updated])
+                    code: .stale)
             }
         }
     }
@@ -234,15 +236,15 @@ import Testing
                 // The version-1 metrics, even with their exact instant, are no longer current.
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: version1), status: 404,
-                    contains: [Self.updated])
+                    code: .stale)
                 // Version 2 with the old instant is not the current metrics either.
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 2, computedAt: version1), status: 404,
-                    contains: [Self.updated])
+                    code: .stale)
                 // Version 1 with the new instant neither.
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: computedAt), status: 404,
-                    contains: [Self.updated])
+                    code: .stale)
                 _ = try Self.expectAcknowledged(
                     try await API.acknowledge(port: port, user: 1, version: 2, computedAt: computedAt), version: 2)
                 let after = try await Self.current(port: port, user: 1)
@@ -279,7 +281,7 @@ import Testing
             #expect(lapsed, "the daemon did not recompute after the settings change; output:\n\(daemon.log.suffix(2000))")
             let second = try #require(try await today(daemon)["metrics"]?["computedAt"]?.string)
             #expect(second != first)
-            expectErrorBody(try await acknowledge(daemon, 1, first), status: 404, contains: [Self.updated])
+            expectErrorBody(try await acknowledge(daemon, 1, first), status: 404, code: .stale)
             _ = try Self.expectAcknowledged(try await acknowledge(daemon, 1, second), version: 1)
             await daemon.stop()
 
@@ -295,7 +297,7 @@ import Testing
             try await Self.settle(database, bumped)
             let third = try await today(bumped)
             #expect(third["acknowledged"] == .bool(false))
-            expectErrorBody(try await acknowledge(bumped, 1, second), status: 404, contains: [Self.updated])
+            expectErrorBody(try await acknowledge(bumped, 1, second), status: 404, code: .stale)
             let computedAt = try #require(third["metrics"]?["computedAt"]?.string)
             _ = try Self.expectAcknowledged(try await acknowledge(bumped, 2, computedAt), version: 2)
             await bumped.stop()
@@ -309,14 +311,13 @@ import Testing
             try await database.seed([SeedUser(id: 1, height: "72.0"), .valid(2)])
             try await APIServer.run(database: database) { port in
                 let invalid = try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
-                expectErrorBody(invalid, status: 404, contains: ["no metrics", "height 72"])
+                expectErrorBody(invalid, status: 404, code: .settingsInvalid, contains: ["height 72"])
                 let unknown = try await API.acknowledge(port: port, user: 404, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
-                expectErrorBody(unknown, status: 404, contains: ["no metrics", "user 404 does not exist"])
+                expectErrorBody(unknown, status: 404, code: .userUnknown)
                 let notYet = try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
-                expectErrorBody(notYet, status: 404, contains: ["no metrics yet", "GET /v1/profile/metrics/today"])
-                for reply in [invalid, unknown, notYet] { #expect(!reply.text.contains("updated"), "\(reply)") }
+                expectErrorBody(notYet, status: 404, code: .notComputedYet)
                 // The read says the same about the invalid user.
-                expectErrorBody(try await API.today(port: port, user: 1), status: 404, contains: ["no metrics", "height 72"])
+                expectErrorBody(try await API.today(port: port, user: 1), status: 404, code: .settingsInvalid, contains: ["height 72"])
                 #expect(try await database.value("SELECT count(*) FROM metrics_acknowledgements") == "0")
                 #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
             }
@@ -332,7 +333,7 @@ import Testing
             try await APIServer.run(database: database) { port in
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T14:30:45.123Z"),
-                    status: 404, contains: [Self.updated])
+                    status: 404, code: .stale)
                 _ = try Self.expectAcknowledged(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z"),
                     version: 1)
@@ -389,7 +390,7 @@ import Testing
                 ]
                 for (body, field) in cases {
                     let reply = try await API.acknowledge(port: port, user: 1, body: body)
-                    let message = expectErrorBody(reply, status: 400)
+                    let message = expectErrorBody(reply, status: 400, code: .invalidBody)
                     if field == "body" {
                         #expect(message.contains("version") && message.contains("metricsComputedAt"), "\(body): \(message)")
                     } else {
@@ -415,10 +416,10 @@ import Testing
             try await APIServer.run(database: database, formula: .rehearsal(version: 2)) { port in
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 3, computedAt: "2025-10-29T14:30:45.123Z"),
-                    status: 400, contains: ["version"])
+                    status: 400, code: .invalidBody, contains: ["version"])
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z"),
-                    status: 404, contains: [Self.updated])
+                    status: 404, code: .stale)
                 _ = try Self.expectAcknowledged(
                     try await API.acknowledge(port: port, user: 1, version: 2, computedAt: "2025-10-29T14:30:45.123Z"),
                     version: 2)

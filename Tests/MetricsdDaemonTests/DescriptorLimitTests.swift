@@ -46,7 +46,9 @@ import Testing
             #expect(lines.count == 1 && line.hasPrefix("Error: configuration error: METRICSD_MAX_CONNECTIONS=\(Self.connections) needs "), "\(refused.log)")
             let needed = try #require(line.firstMatch(of: /needs ([0-9]+) file descriptors/).flatMap { Int($0.1) }, "\(line)")
             #expect(needed == Self.connections + 2 + 1 + 1 + DescriptorBudget.reserve(), "\(line)")
-            #expect(line.hasSuffix("the open-file limit (RLIMIT_NOFILE) is 64: raise the hard limit (LimitNOFILE= in the unit)"), "\(line)")
+            #expect(
+                line.hasSuffix("the open-file limit (RLIMIT_NOFILE) is 64: raise the hard limit (LimitNOFILE= in the unit) [config.open_files]"),
+                "\(line)")
 
             // 2. Soft limit 64, hard limit exactly the budget: raised at start, and it serves.
             let port = DaemonProcess.freePort()
@@ -114,7 +116,7 @@ import Testing
         #expect(tight.status == 78)
         #expect(
             tight.stderr.contains(
-                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit)\n"),
+                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit) [config.open_files]\n"),
             "\(tight.stderr)")
 
         let roomy = try await Subprocess.capture(

@@ -39,7 +39,7 @@ import Testing
                 + String(repeating: "x", count: 16 * 1024) + #""}"#
             for (path, headers) in [(Self.acknowledgePath, Self.userHeaders), ("/v1/admin/recompute", admin)] {
                 let reply = try await daemon.send(path, method: .post, headers: headers, body: big)
-                expectErrorBody(reply, status: 413, contains: ["16 KiB"])
+                expectErrorBody(reply, status: 413, code: .bodyTooLarge)
             }
             // Exactly 16 KiB is allowed: a valid acknowledgement padded with whitespace to 16,384 bytes, of what GET
             // shows. The daemon's first daily run may replace today's row between the two (then the answer is the
@@ -58,7 +58,7 @@ import Testing
             }
             #expect(accepted?.status == 200, "\(String(describing: accepted))")
             let oneMore = try await daemon.send(Self.acknowledgePath, method: .post, headers: Self.userHeaders, body: exact + " ")
-            expectErrorBody(oneMore, status: 413)
+            expectErrorBody(oneMore, status: 413, code: .bodyTooLarge)
 
             // Chunked, with no Content-Length to check up front.
             let connection = try RawConnection(port: daemon.port)
@@ -69,7 +69,7 @@ import Testing
             #expect(connection.send(request))
             let response = try #require(await connection.readResponse(), "no response to a chunked 20 KiB body")
             #expect(response.hasPrefix("HTTP/1.1 413"), "\(response.prefix(300))")
-            #expect(response.contains(#""statusCode":413"#))
+            #expect(response.contains(#""statusCode":413,"code":"request.body_too_large"}"#), "\(response.prefix(300))")
             #expect(response.lowercased().contains("x-request-id: "))
 
             // A declared length over the limit is refused at once, on any route, before a byte of body arrives.
@@ -429,16 +429,18 @@ import Testing
         try await APIServer.run(store: FailingStore(), logger: logger) { port in
             let user = TestTokens.bearer(TestTokens.user(1))
             let ack = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#
-            for (path, method, body, clientID) in [
-                ("/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?),
-                (Self.acknowledgePath, .post, ack, "trace-500-ack"),
-                ("/v1/profile/metrics/today", .get, nil, nil),
+            // The 500's log line carries the cause's own code when it has one (a statement the server refused),
+            // else the 500's; the body always the 500's.
+            for (path, method, body, clientID, loggedCode) in [
+                ("/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?, "database.query_failed"),
+                (Self.acknowledgePath, .post, ack, "trace-500-ack", "server.internal"),
+                ("/v1/profile/metrics/today", .get, nil, nil, "database.query_failed"),
             ] {
                 var headers = user
                 if let clientID { headers[HTTPField.Name("X-Request-Id")!] = clientID }
                 let reply = try await API.send(
                     port: port, path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) })
-                let message = expectErrorBody(reply, status: 500)
+                let message = expectErrorBody(reply, status: 500, code: .internalError)
                 expectNoLeak(reply, secrets: ["s3cr3t", "42601", "syntax", "SQL.swift"])
                 let id = try #require(reply.requestID)
                 if let clientID { #expect(id == clientID) }
@@ -447,6 +449,7 @@ import Testing
                 let logged = logs.all.filter { $0.level >= .error && $0.metadata["metricsd.request.id"] == id }
                 #expect(logged.count == 1, "\(logs.all.map { "\($0.level) \($0.message) \($0.metadata)" })")
                 #expect(logged.first?.metadata["metricsd.error"]?.contains("syntax error") == true)
+                #expect(logged.first?.metadata["metricsd.error.code"] == loggedCode, "\(path)")
             }
             // Readiness is not a fault of the request: 503, not 500.
             #expect(try await API.send(port: port, "/readyz").status == 503)
@@ -504,7 +507,7 @@ import Testing
             let started = ContinuousClock.now
             let reply = try await API.send(
                 port: port, path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) })
-            expectErrorBody(reply, status: 503, sourceLocation: sourceLocation)
+            expectErrorBody(reply, status: 503, codes: AppError.Code.databaseCodes, sourceLocation: sourceLocation)
             #expect(reply.headers[.retryAfter].flatMap { Int($0) }.map { $0 > 0 } == true,
                     "\(method) \(path): Retry-After \(String(describing: reply.headers[.retryAfter]))", sourceLocation: sourceLocation)
             // Fast, not a hang (generous: the whole test suite may be loading the machine).

@@ -2,6 +2,8 @@ import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HealthMetrics
+import MetricsdDaemon
+import MetricsdHTTP
 import MetricsdPostgres
 import Testing
 
@@ -182,7 +184,7 @@ import Testing
             try await database.seed([user])
             try await APIServer.run(database: database) { port in
                 let reply = try await API.today(port: port, user: 1)
-                expectErrorBody(reply, status: 404, contains: reasons)
+                expectErrorBody(reply, status: 404, code: .settingsInvalid, contains: reasons)
                 #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "0")
             }
         }
@@ -192,7 +194,7 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
             try await APIServer.run(database: database) { port in
-                expectErrorBody(try await API.today(port: port, user: 999), status: 404, contains: ["999", "does not exist"])
+                expectErrorBody(try await API.today(port: port, user: 999), status: 404, code: .userUnknown)
             }
         }
     }
@@ -207,29 +209,33 @@ import Testing
                 let parts = valid.split(separator: ".").map(String.init)
                 var signature = Array(parts[2])
                 signature[10] = signature[10] == "A" ? "B" : "A"
-                let cases: [(String, HTTPFields)] = [
-                    ("missing header", [:]),
-                    ("empty header", [.authorization: ""]),
-                    ("not Bearer", [.authorization: "Basic dXNlcjpwYXNz"]),
-                    ("Bearer without token", [.authorization: "Bearer"]),
-                    ("Bearer and spaces", [.authorization: "Bearer    "]),
-                    ("token without scheme", [.authorization: valid]),
-                    ("garbage token", TestTokens.bearer("not-a-jwt")),
-                    ("two parts", TestTokens.bearer(parts[0] + "." + parts[1])),
-                    ("four parts", TestTokens.bearer(valid + ".x")),
-                    ("not base64url", TestTokens.bearer(parts[0] + ".@@@." + parts[2])),
-                    ("header not JSON", TestTokens.bearer("bm90IGpzb24." + parts[1] + "." + parts[2])),
-                    ("wrong signature", TestTokens.bearer(parts[0] + "." + parts[1] + "." + String(signature))),
-                    ("no signature", TestTokens.bearer(parts[0] + "." + parts[1] + ".")),
-                    ("payload swapped", TestTokens.bearer(parts[0] + "." + TestTokens.user(2).split(separator: ".")[1] + "." + parts[2])),
-                    ("expired", TestTokens.bearer(TestTokens.user(1, expiresIn: -3600))),
-                    ("other secret", TestTokens.bearer(TestTokens.user(1, secret: "another-secret-of-at-least-32-bytes-0123456789"))),
-                    ("no exp", TestTokens.bearer(TestTokens.sign(header: ["alg": "HS256", "typ": "JWT"], claims: ["sub": "1"], secret: APIServer.jwtSecret))),
-                    ("admin token", TestTokens.bearer(APIServer.adminToken)),
+                let cases: [(String, HTTPFields, [AppError.Code])] = [
+                    ("missing header", [:], [.tokenMissing]),
+                    // An empty field may be sent as is or left out by the client.
+                    ("empty header", [.authorization: ""], [.authorizationMalformed, .tokenMissing]),
+                    ("not Bearer", [.authorization: "Basic dXNlcjpwYXNz"], [.authorizationMalformed]),
+                    ("Bearer without token", [.authorization: "Bearer"], [.authorizationMalformed]),
+                    ("Bearer and spaces", [.authorization: "Bearer    "], [.authorizationMalformed]),
+                    ("token without scheme", [.authorization: valid], [.authorizationMalformed]),
+                    ("garbage token", TestTokens.bearer("not-a-jwt"), [.token(.malformed)]),
+                    ("two parts", TestTokens.bearer(parts[0] + "." + parts[1]), [.token(.malformed)]),
+                    ("four parts", TestTokens.bearer(valid + ".x"), [.token(.malformed)]),
+                    ("not base64url", TestTokens.bearer(parts[0] + ".@@@." + parts[2]), [.token(.malformed)]),
+                    ("header not JSON", TestTokens.bearer("bm90IGpzb24." + parts[1] + "." + parts[2]), [.token(.malformedHeader)]),
+                    ("wrong signature", TestTokens.bearer(parts[0] + "." + parts[1] + "." + String(signature)), [.token(.badSignature)]),
+                    ("no signature", TestTokens.bearer(parts[0] + "." + parts[1] + "."), [.token(.badSignature)]),
+                    ("payload swapped", TestTokens.bearer(parts[0] + "." + TestTokens.user(2).split(separator: ".")[1] + "." + parts[2]),
+                     [.token(.badSignature)]),
+                    ("expired", TestTokens.bearer(TestTokens.user(1, expiresIn: -3600)), [.token(.expired)]),
+                    ("other secret", TestTokens.bearer(TestTokens.user(1, secret: "another-secret-of-at-least-32-bytes-0123456789")),
+                     [.token(.badSignature)]),
+                    ("no exp", TestTokens.bearer(TestTokens.sign(header: ["alg": "HS256", "typ": "JWT"], claims: ["sub": "1"], secret: APIServer.jwtSecret)),
+                     [.token(.noExpiry)]),
+                    ("admin token", TestTokens.bearer(APIServer.adminToken), [.token(.malformed)]),
                 ]
-                for (name, headers) in cases {
+                for (name, headers, codes) in cases {
                     let reply = try await API.send(port: port, Self.path, headers: headers)
-                    let message = expectErrorBody(reply, status: 401)
+                    let message = expectErrorBody(reply, status: 401, codes: codes)
                     #expect(reply.headers[.wwwAuthenticate] == "Bearer", "\(name): \(reply)")
                     #expect(!message.contains(valid), "\(name): the token is echoed")
                 }

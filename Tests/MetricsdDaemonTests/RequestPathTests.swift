@@ -62,21 +62,10 @@ import Testing
         return responses
     }
 
-    /// One response with a `Content-Length` at the start of `bytes`, and how many bytes it took.
+    /// One response at the start of `bytes`, and how many bytes it took.
     private static func parse(_ bytes: [UInt8]) -> (Wire, Int)? {
-        guard bytes.count >= 4,
-            let end = (0...(bytes.count - 4)).first(where: { bytes[$0] == 13 && bytes[$0 + 1] == 10 && bytes[$0 + 2] == 13 && bytes[$0 + 3] == 10 })
-        else { return nil }
-        var lines = String(decoding: bytes[..<end], as: UTF8.self).components(separatedBy: "\r\n")
-        let statusLine = lines.removeFirst().split(separator: " ")
-        guard statusLine.count >= 2, let status = Int(statusLine[1]) else { return nil }
-        var headers: [String: String] = [:]
-        for line in lines {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-        }
-        guard let length = headers["content-length"].flatMap({ Int($0) }), bytes.count >= end + 4 + length else { return nil }
-        return (Wire(status: status, headers: headers, body: String(decoding: bytes[(end + 4)..<(end + 4 + length)], as: UTF8.self)), end + 4 + length)
+        guard let (response, used) = WireResponse.parse(bytes[...], bodyless: false) else { return nil }
+        return (Wire(status: response.status, headers: response.headers, body: response.text), used)
     }
 
     static func get(_ path: String, token: String?, id: String, extra: String = "") -> String {
@@ -114,12 +103,12 @@ import Testing
                 let expired = SignedTokens.hs256(
                     claims: ["sub": "1", "exp": SignedTokens.now - 3600], key: Array(APIServer.jwtSecret.utf8))
                 let cases: [(String, String?, Int, String)] = [
-                    ("latest", TestTokens.user(1), 200, #""bmi":24.5"#), ("no token", nil, 401, "missing bearer token"),
-                    ("garbage", "not.a.token", 401, "malformed token"), ("expired", expired, 401, "token expired"),
+                    ("latest", TestTokens.user(1), 200, #""bmi":24.5"#), ("no token", nil, 401, #""code":"auth.token_missing""#),
+                    ("garbage", "not.a.token", 401, #""code":"token.malformed""#), ("expired", expired, 401, #""code":"token.expired""#),
                     ("wrong key", SignedTokens.hs256(claims: SignedTokens.claims(sub: "1"), key: Array("other".utf8)), 401,
-                     "invalid token signature"),
-                    ("unknown user", TestTokens.user(999), 404, "user 999 does not exist"),
-                    ("invalid settings", TestTokens.user(4), 404, "height"),
+                     #""code":"token.bad_signature""#),
+                    ("unknown user", TestTokens.user(999), 404, #""code":"metrics.user_unknown""#),
+                    ("invalid settings", TestTokens.user(4), 404, #""code":"metrics.settings_invalid""#),
                 ]
                 for (name, token, status, contains) in cases {
                     let replies = try await Self.exchange(
@@ -174,13 +163,13 @@ import Testing
                 add(Self.get(Self.today, token: one, id: "r1"), id: "r1", status: 200, contains: #""acknowledged":true"#)
                 add(Self.get("/healthz", token: nil, id: "r2"), id: "r2", status: 200, contains: #""status":"ok""#)
                 add(Self.get(Self.today, token: two, id: "r3"), id: "r3", status: 200, contains: #""bmi":31.0"#)
-                add(Self.get(Self.today, token: nil, id: "r4"), id: "r4", status: 401, contains: "missing bearer token")
+                add(Self.get(Self.today, token: nil, id: "r4"), id: "r4", status: 401, contains: #""code":"auth.token_missing""#)
                 add(Self.get(Self.today + "?via=query", token: two, id: "r5"), id: "r5", status: 200, contains: #""bmi":31.0"#)
                 for index in 6..<26 {
                     let (token, bmi) = index % 2 == 0 ? (one, "24.5") : (two, "31.0")
                     add(Self.get(Self.today, token: token, id: "r\(index)"), id: "r\(index)", status: 200, contains: #""bmi":\#(bmi)"#)
                 }
-                add(Self.get("/nowhere", token: nil, id: "r26"), id: "r26", status: 404, contains: "no such route")
+                add(Self.get("/nowhere", token: nil, id: "r26"), id: "r26", status: 404, contains: #""code":"route.not_found""#)
                 add(Self.get(Self.today, token: one, id: "r27"), id: "r27", status: 200, contains: #""bmi":24.5"#)
                 let replies = try await Self.exchange(port: port, text, expecting: expected.count)
                 #expect(replies.count == expected.count, "\(replies.count) of \(expected.count) responses")
@@ -278,15 +267,18 @@ import Testing
                     #expect(ok.message.hasPrefix("GET /v1/profile/metrics/today 200 "), "\(ok.message)")
                     #expect(Double(ok.metadata["metricsd.http.duration_ms"] ?? "") != nil, "\(ok.metadata)")
                     #expect(ok.metadata["hb.request.id"] == nil, "the request id is written once")
+                    #expect(ok.metadata["metricsd.error.code"] == nil, "a success has no error code")
                 }
                 if mode != .off {
                     let refused = try #require(byID["log-401"])
                     #expect(refused.metadata["metricsd.http.status"] == "401")
                     #expect(refused.metadata["metricsd.http.route"] == "/v1/profile/metrics/today")
                     #expect(refused.metadata["metricsd.user.id"] == nil, "no user before authentication")
+                    #expect(refused.metadata["metricsd.error.code"] == "auth.token_missing", "\(refused.metadata)")
                     let missing = try #require(byID["log-404"])
                     #expect(missing.metadata["metricsd.http.route"] == "/v1/admin/recompute/{id}", "the template, not the path")
                     #expect(missing.metadata["metricsd.http.status"] == "404")
+                    #expect(missing.metadata["metricsd.error.code"] == "job.not_found", "\(missing.metadata)")
                 }
             }
         }

@@ -153,6 +153,7 @@ import NotifyTestSupport
             #expect(daemon.process.terminationReason == .exit)
             let lines = daemon.log.split(separator: "\n")
             #expect(lines.count == 1 && lines.first?.hasPrefix("Error: schema is behind: ") == true, "\(daemon.log)")
+            #expect(lines.first?.hasSuffix(" [schema.behind]") == true, "\(daemon.log)")
             Self.expectNoCrashReport(daemon.log)
             let fatal = await manager.first(timeout: .seconds(2)) { $0.value("ERRNO") != nil }
             #expect(fatal?.value("STATUS")?.contains("schema is behind") == true, "\(manager.transcript)")
@@ -300,8 +301,8 @@ import NotifyTestSupport
             let pings = manager.datagrams(from: before).filter { $0.has("WATCHDOG=1") }
             #expect(pings.count >= 2, "pings stopped during a database outage: \(manager.transcript)")
 
+            let up = manager.count  // before the start: the daemon may recover while pg_ctl is still waiting
             try await cluster.start()
-            let up = manager.count
             let recovered = await manager.first(from: up, timeout: .seconds(30)) {
                 guard let status = $0.value("STATUS") else { return false }
                 return status.hasPrefix("serving on") && !status.contains("database unavailable")
@@ -541,7 +542,8 @@ import NotifyTestSupport
             #expect(daemon.process.terminationReason == .exit)
             // The whole output is that one line: nothing started work before the listener was bound.
             #expect(
-                daemon.log.split(separator: "\n") == ["Error: cannot listen on 127.0.0.1:\(port): address already in use"],
+                daemon.log.split(separator: "\n")
+                    == ["Error: cannot listen on 127.0.0.1:\(port): address already in use [startup.listen_failed]"],
                 "\(daemon.log)")
             Self.expectNoCrashReport(daemon.log)
             let fatal = await manager.first(timeout: .seconds(2)) { $0.value("ERRNO") != nil }
@@ -556,11 +558,11 @@ import NotifyTestSupport
     /// Configuration errors found at start: exactly one line of output (`Error: …`), exit 1, quickly (no waiting
     /// for a database), and `STATUS=`/`ERRNO=` to the manager.
     @Test(arguments: [
-        ("METRICSD_JWT_SECRET_FILE", "/nonexistent", "METRICSD_JWT_SECRET_FILE: cannot read /nonexistent"),
-        ("DATABASE_URL", "postgresql://host:notaport/x", "DATABASE_URL is not valid"),
-        ("DATABASE_URL", "host", "DATABASE_URL is not valid"),
+        ("METRICSD_JWT_SECRET_FILE", "/nonexistent", "config.secret_unreadable"),
+        ("DATABASE_URL", "postgresql://host:notaport/x", "config.database_url_invalid"),
+        ("DATABASE_URL", "host", "config.database_url_invalid"),
     ])
-    func configurationErrorIsOneLine(variable: String, value: String, expected: String) async throws {
+    func configurationErrorIsOneLine(variable: String, value: String, code: String) async throws {
         let manager = try NotifyRecorder(abstract: true)
         defer { manager.stop() }
         let port = DaemonProcess.freePort()
@@ -574,7 +576,7 @@ import NotifyTestSupport
         #expect(ContinuousClock.now - started < .seconds(5))
         let lines = daemon.log.split(separator: "\n")
         #expect(lines.count == 1 && lines.first?.hasPrefix("Error: configuration error: ") == true, "\(daemon.log)")
-        #expect(lines.first?.contains(expected) == true, "\(daemon.log)")
+        #expect(lines.first?.hasSuffix(" [\(code)]") == true, "\(daemon.log)")
         let fatal = await manager.first(timeout: .seconds(2)) { $0.value("ERRNO") != nil }
         #expect(fatal?.value("ERRNO") == String(EINVAL), "\(manager.transcript)")
         #expect(fatal?.value("STATUS")?.hasPrefix("failed: configuration error: ") == true)
@@ -590,6 +592,7 @@ import NotifyTestSupport
         #expect(stdout.isEmpty)
         let lines = stderr.split(separator: "\n")
         #expect(lines.count == 1 && lines.first?.hasPrefix("Error: cannot connect to the database: ") == true, "\(stderr)")
+        #expect(lines.first?.hasSuffix(" [database.connection_failed]") == true, "\(stderr)")
         #expect(lines.first?.contains("port \(port)") == true)
     }
 

@@ -69,15 +69,15 @@ import Testing
     @Test func repeatedClaimOrHeaderNamesAreRefused() async throws {
         let later = SignedTokens.now + 3600
         let earlier = SignedTokens.now - 3600
-        let refused: [(String, String, String)] = [
-            ("sub twice", Self.raw(payload: #"{"sub":"42","sub":"6","exp":\#(later)}"#), "repeats a claim name"),
-            ("exp twice, past first", Self.raw(payload: #"{"exp":\#(earlier),"exp":\#(later),"sub":"42"}"#), "repeats a claim name"),
-            ("exp twice, future first", Self.raw(payload: #"{"exp":\#(later),"exp":\#(earlier),"sub":"42"}"#), "repeats a claim name"),
-            ("escaped name", Self.raw(payload: #"{"s\u0075b":"42","sub":"6","exp":\#(later)}"#), "repeats a claim name"),
+        let refused: [(String, String, TokenError.Reason)] = [
+            ("sub twice", Self.raw(payload: #"{"sub":"42","sub":"6","exp":\#(later)}"#), .repeatedClaim),
+            ("exp twice, past first", Self.raw(payload: #"{"exp":\#(earlier),"exp":\#(later),"sub":"42"}"#), .repeatedClaim),
+            ("exp twice, future first", Self.raw(payload: #"{"exp":\#(later),"exp":\#(earlier),"sub":"42"}"#), .repeatedClaim),
+            ("escaped name", Self.raw(payload: #"{"s\u0075b":"42","sub":"6","exp":\#(later)}"#), .repeatedClaim),
             ("with a nested claim", Self.raw(payload: #"{"sub":"42","ctx":{"a":[1,{"b":2}]},"exp":\#(later),"sub":"6"}"#),
-             "repeats a claim name"),
+             .repeatedClaim),
             ("header alg twice", Self.raw(header: #"{"alg":"HS256","typ":"JWT","alg":"none"}"#,
-                                           payload: #"{"sub":"42","exp":\#(later)}"#), "malformed token header"),
+                                           payload: #"{"sub":"42","exp":\#(later)}"#), .malformedHeader),
         ]
         let accepted: [(String, String)] = [
             ("plain", Self.raw(payload: #"{"sub":"42","exp":\#(later)}"#)),
@@ -92,7 +92,7 @@ import Testing
             do {
                 _ = try verifier.verify(Substring(token))
             } catch {
-                #expect(error.message.contains(reason), "\(name): \(error.message)")
+                #expect(error.reason == reason, "\(name): \(error.reason) \(error.message)")
             }
         }
         for (name, token) in accepted {
@@ -105,6 +105,33 @@ import Testing
     }
 
     // MARK: Algorithms
+
+    /// Which checks are made on the event loop: an HS256 MAC and a refusal (malformed, an algorithm not accepted);
+    /// an accepted asymmetric signature or a header that must be decoded is checked in the connection's task.
+    /// Over HTTP both ways answer alike: 200, or 401 with the reason's code.
+    @Test func onlyQuickTokenChecksAreMadeOnTheEventLoop() async throws {
+        let hsOnly = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        for key in [try await AsymmetricKey.ed25519(), try await AsymmetricKey.p256(), try await AsymmetricKey.rsa()] {
+            let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
+            let signed = try key.token(Self.valid)
+            #expect(!verifier.checksQuickly(Substring(signed)), "\(key.name)")
+            #expect(try verifier.verify(Substring(signed)) == Self.user, "\(key.name)")
+            #expect(hsOnly.checksQuickly(Substring(signed)), "\(key.name) not accepted: refused at once")
+        }
+        #expect(hsOnly.checksQuickly(Substring(Self.hs256(Self.valid))))
+        #expect(hsOnly.checksQuickly("not-a-token"))
+        #expect(!hsOnly.checksQuickly(Substring(Self.hs256(Self.valid, header: ["typ": "JWT", "kid": "k1", "alg": "HS256"]))))
+
+        let key = try await AsymmetricKey.p256()
+        try await Self.serve(tokens: TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM)) { port in
+            let ok = try await API.send(port: port, Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
+            #expect(ok.status == 200, "\(ok)")
+            let expired = try key.token(SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))
+            let refused = try await API.send(port: port, Self.today, headers: TestTokens.bearer(expired))
+            expectErrorBody(refused, status: 401, code: .token(.expired))
+            #expect(refused.headers[.wwwAuthenticate] == "Bearer", "\(refused)")
+        }
+    }
 
     @Test func algNoneAndUnpinnedAlgorithmsAreRefused() async throws {
         let ed25519 = try await AsymmetricKey.ed25519()
@@ -207,10 +234,10 @@ import Testing
             let ok = try await daemon.send(Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
             #expect(ok.status == 200, "\(ok)")
             let hs = try await daemon.send(Self.today, headers: TestTokens.bearer(Self.hs256(Self.valid)))
-            expectErrorBody(hs, status: 401)
+            expectErrorBody(hs, status: 401, code: .token(.algorithmNotAccepted))
             let forged = try await daemon.send(
                 Self.today, headers: TestTokens.bearer(SignedTokens.hs256(claims: Self.valid, key: Array(key.publicPEM.utf8))))
-            expectErrorBody(forged, status: 401)
+            expectErrorBody(forged, status: 401, code: .token(.algorithmNotAccepted))
             await daemon.stop()
         }
     }
@@ -227,12 +254,14 @@ import Testing
             environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": "off"])
         #expect(keyOnly.hmacSecret == nil)
         #expect(try await TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
-        #expect(throws: ConfigurationError.self) {
+        let offWithoutKey = #expect(throws: ConfigurationError.self) {
             try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "off"])
         }
-        #expect(throws: ConfigurationError.self) {
+        #expect(offWithoutKey?.kind == .noJWTKey)
+        let maybe = #expect(throws: ConfigurationError.self) {
             try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "maybe"])
         }
+        #expect(maybe?.kind == .invalidValue)
 
         try await withTestDatabase { database in
             try await database.seed([.valid(Self.user)])
@@ -302,9 +331,10 @@ import Testing
                     ("valid in 20 s", { now in ["sub": sub, "exp": now + 3600, "nbf": now + 20] }),
                 ], status: 401)
         }
-        #expect(throws: ConfigurationError.self) {
+        let leeway = #expect(throws: ConfigurationError.self) {
             try TokenConfiguration(environment: ["METRICSD_JWT_SECRET": APIServer.jwtSecret, "METRICSD_JWT_LEEWAY_SECONDS": "3600"])
         }
+        #expect(leeway?.kind == .invalidValue)
     }
 
     // MARK: Issuer and audience
@@ -395,7 +425,7 @@ import Testing
                 let userID = try verifier.verify(Substring(Self.raw(payload: payload)))
                 Issue.record("\(name): accepted as user \(userID)")
             } catch {
-                #expect(error.message == "token subject is not a user id", "\(name): \(error.message)")
+                #expect(error.reason == .subjectNotUserID, "\(name): \(error.reason) \(error.message)")
             }
         }
         for (name, payload) in accepted {
@@ -422,9 +452,10 @@ import Testing
             ]
             let body = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#
             for (path, method) in userRoutes {
-                for token in [admin, SignedTokens.hs256(claims: Self.valid, key: Array(admin.utf8))] {
+                let forged = SignedTokens.hs256(claims: Self.valid, key: Array(admin.utf8))
+                for (token, reason) in [(admin, TokenError.Reason.malformed), (forged, .badSignature)] {
                     let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(token), text: body)
-                    expectErrorBody(reply, status: 401)
+                    expectErrorBody(reply, status: 401, code: .token(reason))
                 }
                 let ok = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(userToken), text: body)
                 #expect(ok.status == 200, "\(method) \(path): \(ok)")
@@ -432,7 +463,7 @@ import Testing
             for (path, method) in adminRoutes {
                 for token in [userToken, Self.hs256(SignedTokens.claims(sub: String(Self.user), extra: ["role": "admin", "admin": true]))] {
                     let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(token))
-                    expectErrorBody(reply, status: 401)
+                    expectErrorBody(reply, status: 401, code: .adminTokenInvalid)
                 }
                 let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(admin))
                 #expect(reply.status != 401, "\(method) \(path) refuses the admin token: \(reply)")
@@ -447,27 +478,29 @@ import Testing
     @Test func keyConfigurationErrorsFailStartUpWithOneClearLine() async throws {
         let privateEd25519 = Curve25519.Signing.PrivateKey()
         let privateEdPEM = try EdDSA.PrivateKey(backing: privateEd25519).pemRepresentation
-        let cases: [(String, [String: String], String)] = [
+        // The code says which failure; where one code covers several (an unusable public key), the words say why.
+        let cases: [(String, [String: String], ConfigurationError.Kind, String?)] = [
             ("public key file holds a private key (Ed25519)",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("ed.pem", privateEdPEM)], "holds a private key"),
+             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("ed.pem", privateEdPEM)], .jwtPublicKeyInvalid, "holds a private key"),
             ("public key file holds a private key (P-256)",
              ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("p256.pem", P256.Signing.PrivateKey().pemRepresentation)],
-             "holds a private key"),
+             .jwtPublicKeyInvalid, "holds a private key"),
             ("public key file holds a private key (RSA)",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa.pem", RSATestKey.privatePEM)], "holds a private key"),
+             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa.pem", RSATestKey.privatePEM)], .jwtPublicKeyInvalid,
+             "holds a private key"),
             ("public key file is not a key",
              ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("junk.pem", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")],
-             "not an Ed25519, P-256 or RSA public key"),
+             .jwtPublicKeyInvalid, "not an Ed25519, P-256 or RSA public key"),
             ("RSA key of 1024 bits",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa1024.pem", RSATestKey.smallPublicPEM)], "2048"),
+             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa1024.pem", RSATestKey.smallPublicPEM)], .jwtPublicKeyInvalid, "2048"),
             ("public key file missing",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": "/nonexistent/metricsd/jwt.pem"], "METRICSD_JWT_PUBLIC_KEY_FILE"),
+             ["METRICSD_JWT_PUBLIC_KEY_FILE": "/nonexistent/metricsd/jwt.pem"], .secretUnreadable, "METRICSD_JWT_PUBLIC_KEY_FILE"),
             ("secret shorter than 32 bytes",
-             ["METRICSD_JWT_SECRET_FILE": try scratchFile("short", "only-31-bytes-of-secret-0123456")], "at least 32 bytes"),
+             ["METRICSD_JWT_SECRET_FILE": try scratchFile("short", "only-31-bytes-of-secret-0123456")], .jwtSecretTooShort, nil),
             ("secret variable shorter than 32 bytes",
-             ["METRICSD_JWT_SECRET_FILE": "", "METRICSD_JWT_SECRET": "short"], "at least 32 bytes"),
+             ["METRICSD_JWT_SECRET_FILE": "", "METRICSD_JWT_SECRET": "short"], .jwtSecretTooShort, nil),
         ]
-        for (name, extra, phrase) in cases {
+        for (name, extra, kind, phrase) in cases {
             // An unreachable database: a configuration error must be reported before any connection attempt.
             let environment = DaemonProcess.environment(
                 databaseURL: "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1", port: DaemonProcess.freePort(),
@@ -478,7 +511,8 @@ import Testing
             let lines = daemon.log.split(separator: "\n").filter { !$0.trimmingCharacters(in: .whitespaces).isEmpty }
             #expect(lines.count == 1, "\(name): expected one line, got:\n\(daemon.log)")
             let line = String(lines.first ?? "")
-            #expect(line.contains(phrase), "\(name): \(line)")
+            #expect(line.hasSuffix(" [\(kind.rawValue)]"), "\(name): \(line)")
+            if let phrase { #expect(line.contains(phrase), "\(name): \(line)") }
             #expect(line.hasPrefix("Error: configuration error"), "\(name): \(line)")
             for word in ["Fatal error", "Stack", ".swift", "-----", String(privateEdPEM.split(separator: "\n")[1])] {
                 #expect(!line.contains(word), "\(name): \(line) contains \(word)")
@@ -492,7 +526,7 @@ import Testing
         let daemon = try DaemonProcess(environment: environment)
         #expect(await daemon.waitForExit(timeout: .seconds(20)) == 1)
         let errors = daemon.log.split(separator: "\n").filter { $0.hasPrefix("Error: ") }
-        #expect(errors.count == 1 && errors.first?.contains("no JWT verification key") == true, "\(daemon.log)")
+        #expect(errors.count == 1 && errors.first?.hasSuffix(" [config.no_jwt_key]") == true, "\(daemon.log)")
         #expect(!daemon.log.contains("Fatal error") && !daemon.log.contains(".swift"), "\(daemon.log)")
     }
 

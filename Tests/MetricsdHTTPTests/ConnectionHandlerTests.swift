@@ -1,5 +1,6 @@
 import HTTPTypes
 import Logging
+import MetricsdTestSupport
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
@@ -279,10 +280,10 @@ final class TestConnection {
     }
 
     /// The whole replies written since the last call (`bodyless` marks replies to HEAD).
-    func replies(bodyless: [Bool] = []) throws -> [WireReply] {
+    func replies(bodyless: [Bool] = []) throws -> [WireResponse] {
         while let chunk = try self.channel.readOutbound(as: ByteBuffer.self) { self.buffer += chunk.readableBytesView }
-        var replies: [WireReply] = []
-        while let (reply, used) = WireReply.parse(self.buffer[...], bodyless: replies.count < bodyless.count && bodyless[replies.count]) {
+        var replies: [WireResponse] = []
+        while let (reply, used) = WireResponse.parse(self.buffer[...], bodyless: replies.count < bodyless.count && bodyless[replies.count]) {
             replies.append(reply)
             self.buffer.removeFirst(used)
         }

@@ -16,6 +16,7 @@ import Testing
             }
             #expect(error?.sqlState == "42601")
             #expect(error?.code == .queryFailed)
+            #expect(error?.errorCode == "database.query_failed")
             #expect(error?.message.contains("syntax error") == true)
         }
     }
@@ -161,6 +162,8 @@ import Testing
         var edited = Migration.all
         edited[1] = Migration(name: edited[1].name, sql: edited[1].sql + "\n-- edited\n")
         let error = await #expect(throws: MigrationError.self) { try await Self.migrate(url, migrator: Migrator(migrations: edited)) }
+        #expect(error?.kind == .changed)
+        #expect(error?.errorCode == "migration.changed")
         #expect(error?.message.contains(edited[1].name) == true)
     }
 
@@ -183,7 +186,8 @@ import Testing
         try await record(Migrator.rewordedChecksums.mapValues { $0.first! })
         #expect(try await Self.migrate(url) == [])
         try await record(["0002_acknowledgements.sql": String(repeating: "0", count: 64)])
-        await #expect(throws: MigrationError.self) { try await Self.migrate(url) }
+        let changed = await #expect(throws: MigrationError.self) { try await Self.migrate(url) }
+        #expect(changed?.kind == .changed)
     }
 
     @Test func firstMigrationIsExactlyTheContract() throws {

@@ -54,6 +54,36 @@ import Testing
         #expect(LogRedaction.scrub(text) == expected)
     }
 
+    /// What libpq (or metricsd) says about a refused or missing secret is the reason an operator needs: the backstop
+    /// masks secrets — a `password=` value, a URL's `user:pass@`, a `…SECRET=`/`…TOKEN=` value — never the words
+    /// around them. The journal keeps the reason whole, quotes included; the text format quotes the value.
+    @Test(arguments: [
+        #"connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "masked""#,
+        #"connection to server on socket "/var/run/postgresql/.s.PGSQL.5432" failed: fe_sendauth: no password supplied"#,
+        #"connection to server at "db" (10.0.0.7), port 5432 failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "metricsd", database "metricsd", no encryption"#,
+        "the admin token must be at least 16 characters long",
+        "METRICSD_JWT_SECRET_FILE: cannot read /etc/credstore/metricsd-jwt-secret (permission denied)",
+        "password: 3 attempts, token: refused, secret rotation pending",
+    ])
+    func reasonsAroundSecretWordsAreKept(reason: String) {
+        #expect(LogRedaction.scrub(reason) == reason)
+        let record = LogRecord(
+            millisecondsSinceEpoch: 0, level: .warning, label: "metricsd", message: "Waiting for database",
+            metadata: ["metricsd.error": .string(reason), "metricsd.error.code": "database.connection_failed"])
+        let fields = JournalFields.make(record)
+        #expect(fields.first { $0.name == "ERROR" }?.value == reason)
+        #expect(fields.first { $0.name == "ERROR_CODE" }?.value == "database.connection_failed")
+        #expect(TextLines.format(record).contains(#"metricsd.error=""# + reason.replacing(#"""#, with: #"\""#) + #"""#))
+    }
+
+    /// The same reasons beside a secret: the secret goes, the reason stays.
+    @Test func aReasonBesideASecretKeepsTheReason() {
+        let text = #"FATAL:  password authentication failed for user "m" (postgresql://m:Pw-123456@db/m, host=db password=Kw-654321 port=5432)"#
+        #expect(
+            LogRedaction.scrub(text)
+                == #"FATAL:  password authentication failed for user "m" (postgresql://m:***@db/m, host=db password=*** port=5432)"#)
+    }
+
     @Test func nestedValuesAreRedactedToo() {
         let metadata: Logger.Metadata = [
             "request": ["headers": ["authorization": "Bearer abc", "accept": "application/json"], "body": .array(["\(Self.jwt)"])],

@@ -235,11 +235,13 @@ package func isISOMilliseconds(_ text: String?) -> Bool {
 
 // MARK: Error bodies
 
-/// Checks the API's error body (`{"error": "message", "statusCode": N}`, exactly those keys), the JSON content
-/// type, an `X-Request-Id`, and that nothing leaks (SQL, stack, file path, secret). Returns the message.
+/// Checks the API's error body (`{"error": "message", "statusCode": N, "code": "…"}`, exactly those keys), its
+/// code (`code`, or one of `codes`; with neither, any code the API has), the JSON content type, an `X-Request-Id`,
+/// and that nothing leaks (SQL, stack, file path, secret). Returns the message.
 @discardableResult
 package func expectErrorBody(
-    _ reply: APIReply, status: Int, contains fragments: [String] = [], sourceLocation: SourceLocation = #_sourceLocation
+    _ reply: APIReply, status: Int, code: AppError.Code? = nil, codes: [AppError.Code] = [], contains fragments: [String] = [],
+    sourceLocation: SourceLocation = #_sourceLocation
 ) -> String {
     #expect(reply.status == status, "expected \(status), got \(reply)", sourceLocation: sourceLocation)
     #expect(
@@ -247,8 +249,11 @@ package func expectErrorBody(
         sourceLocation: sourceLocation)
     #expect(reply.requestID?.isEmpty == false, "no X-Request-Id on \(reply)", sourceLocation: sourceLocation)
     let json = reply.json
-    #expect(json?.keys == ["error", "statusCode"], "not an error body: \(reply)", sourceLocation: sourceLocation)
+    #expect(json?.keys == ["error", "statusCode", "code"], "not an error body: \(reply)", sourceLocation: sourceLocation)
     #expect(json?["statusCode"]?.int == Int64(status), "statusCode of \(reply)", sourceLocation: sourceLocation)
+    let found = AppError.Code(rawValue: json?["code"]?.string ?? "")
+    let expected = code.map { [$0] } ?? (codes.isEmpty ? APIErrorCodes.all : codes)
+    #expect(expected.contains(found), "code \(found) of \(reply), expected one of \(expected)", sourceLocation: sourceLocation)
     let message = json?["error"]?.string ?? ""
     #expect(!message.isEmpty, "empty error message: \(reply)", sourceLocation: sourceLocation)
     for fragment in fragments {
@@ -256,6 +261,11 @@ package func expectErrorBody(
     }
     expectNoLeak(reply, sourceLocation: sourceLocation)
     return message
+}
+
+/// Every code the API's error bodies carry.
+package enum APIErrorCodes {
+    package static let all = AppError.Code.httpCodes + AppError.Code.endpointCodes
 }
 
 /// Nothing in a response body that a client must never see: SQL, a stack trace, a source or file path, a secret.

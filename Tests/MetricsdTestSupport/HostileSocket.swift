@@ -1,6 +1,5 @@
 import Foundation
 import Glibc
-import Testing
 
 /// A TCP client that misbehaves on purpose: a tiny receive window, sends that stop when the peer stops reading,
 /// half-closes, responses parsed off the wire exactly as sent (HEAD replies have no body). Non-blocking; waiting
@@ -12,25 +11,7 @@ package final class HostileSocket: @unchecked Sendable {  // used by one task at
     /// Connects to `127.0.0.1:port`; `receiveBuffer` (bytes) is set before connecting, so the window the client
     /// advertises stays that small.
     package init(port: Int, receiveBuffer: Int? = nil) throws {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0)
-        try #require(descriptor >= 0, "socket(): \(String(cString: strerror(errno)))")
-        if var size = receiveBuffer.map(Int32.init) {
-            _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
-        }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        guard rc == 0 else {
-            let reason = String(cString: strerror(errno))
-            Glibc.close(descriptor)
-            throw HostileSocketError("connect to 127.0.0.1:\(port): \(reason)")
-        }
+        let descriptor = try RawHTTP.connectedSocket(port: port, receiveBuffer: receiveBuffer).get()
         _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
         self.descriptor = descriptor
     }

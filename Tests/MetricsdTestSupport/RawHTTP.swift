@@ -26,8 +26,17 @@ package enum RawHTTP {
 
     /// A blocking TCP connection to `127.0.0.1:port`; nil when it fails (refused: nothing listens).
     package static func connect(port: Int) -> Int32? {
+        try? self.connectedSocket(port: port).get()
+    }
+
+    /// A blocking TCP socket connected to `127.0.0.1:port`, or why there is none. `receiveBuffer` (bytes) is set
+    /// before connecting, so the window the client advertises stays that small.
+    package static func connectedSocket(port: Int, receiveBuffer: Int? = nil) -> Result<Int32, HostileSocketError> {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0)
-        guard descriptor >= 0 else { return nil }
+        guard descriptor >= 0 else { return .failure(HostileSocketError("socket(): \(String(cString: strerror(errno)))")) }
+        if var size = receiveBuffer.map(Int32.init) {
+            _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -38,10 +47,11 @@ package enum RawHTTP {
             }
         }
         guard rc == 0 else {
+            let reason = String(cString: strerror(errno))
             close(descriptor)
-            return nil
+            return .failure(HostileSocketError("connect to 127.0.0.1:\(port): \(reason)"))
         }
-        return descriptor
+        return .success(descriptor)
     }
 
     /// Whether a TCP connection to `127.0.0.1:port` can be made right now (closed again at once).

@@ -647,14 +647,27 @@ def self_test(contract: Contract, results: Results) -> None:
          expect_ok=False, expect_text="non-standard JSON constant")
     case("today with a duplicate key", "GET", today, 200, b'{"success": true, "success": true}',
          expect_ok=False, expect_text="duplicate key")
-    case("a 404 error body", "GET", today, 404, {"error": "height 72 cm is outside 100–250 cm", "statusCode": 404})
+    case("a 404 error body", "GET", today, 404,
+         {"error": "no metrics: height 72 cm is outside 100–250 cm", "statusCode": 404, "code": "metrics.settings_invalid"})
+    case("a 401 error body with a token code", "GET", today, 401,
+         {"error": "token expired", "statusCode": 401, "code": "token.expired"})
     case("an error body whose statusCode differs from the status", "GET", today, 404,
-         {"error": "x", "statusCode": 400}, expect_ok=False, expect_text="404 was expected")
+         {"error": "x", "statusCode": 400, "code": "route.not_found"}, expect_ok=False, expect_text="404 was expected")
     case("an error body with an extra property", "GET", today, 401,
-         {"error": "x", "statusCode": 401, "stack": "…"}, expect_ok=False, expect_text="Additional properties")
-    case("an error body with an empty message", "GET", today, 401, {"error": "", "statusCode": 401},
+         {"error": "x", "statusCode": 401, "code": "token.expired", "stack": "…"}, expect_ok=False,
+         expect_text="Additional properties")
+    case("an error body with an empty message", "GET", today, 401, {"error": "", "statusCode": 401, "code": "token.expired"},
          expect_ok=False, expect_text="should be non-empty")
-    case("an undocumented status (today 400)", "GET", today, 400, {"error": "x", "statusCode": 400},
+    case("an error body without its code", "GET", today, 401, {"error": "token expired", "statusCode": 401},
+         expect_ok=False, expect_text="'code' is a required property")
+    case("an error body whose code belongs to another status (a 404 code on a 401)", "GET", today, 401,
+         {"error": "x", "statusCode": 401, "code": "route.not_found"}, expect_ok=False, expect_text="is not one of")
+    case("an error body with an unknown code", "GET", today, 404,
+         {"error": "x", "statusCode": 404, "code": "metrics.gone"}, expect_ok=False, expect_text="is not one of")
+    case("an error body with a malformed code", "GET", today, 404,
+         {"error": "x", "statusCode": 404, "code": "Route Not Found"}, expect_ok=False, expect_text="pattern")
+    case("an undocumented status (today 400)", "GET", today, 400,
+         {"error": "x", "statusCode": 400, "code": "request.invalid_body"},
          expect_ok=False, expect_text="status 400 is not documented for getTodayMetrics")
     case("an error as text/plain", "GET", today, 401, b"Unauthorized", headers={"content-type": ["text/plain"]},
          expect_ok=False, expect_text="Content-Type 'text/plain' is not documented")
@@ -668,7 +681,13 @@ def self_test(contract: Contract, results: Results) -> None:
     case("an acknowledge 200 with acknowledged:false", "POST", ack, 200, {"success": True, "data": {
         "acknowledged": False, "acknowledgement": {"acknowledgedAt": "2025-10-29T14:31:02.481Z", "version": 1}}},
          expect_ok=False, expect_text="True was expected")
-    case("an acknowledge 413", "POST", ack, 413, {"error": "too large", "statusCode": 413})
+    case("an acknowledge 413", "POST", ack, 413, {"error": "too large", "statusCode": 413, "code": "request.body_too_large"})
+    case("an acknowledge 503 of a database that went away", "POST", ack, 503,
+         {"error": "database unavailable, retry shortly", "statusCode": 503, "code": "database.connection_lost"},
+         headers={**json_ct, "retry-after": ["1"]})
+    case("a 503 of too many connections", "GET", today, 503,
+         {"error": "server busy: too many connections, retry shortly", "statusCode": 503,
+          "code": "server.too_many_connections"}, headers={**json_ct, "retry-after": ["1"]})
     case("readiness 200", "GET", "/readyz", 200, {"status": "ready", "database": "ok", "schema": "current",
                                                    "reason": None})
     case("readiness 200 saying not_ready", "GET", "/readyz", 200, {"status": "not_ready", "database": "ok",
@@ -709,14 +728,17 @@ def self_test(contract: Contract, results: Results) -> None:
          {"success": True, "data": {"job": sample_job(state="cancelled", finishedAt="2025-11-02T09:01:00.000Z")}})
     case("a cancel 200 whose job is still running", "POST", "/v1/admin/recompute/3/cancel", 200,
          {"success": True, "data": {"job": sample_job()}}, expect_ok=False, expect_text="'cancelled' was expected")
-    case("a cancel 409", "POST", "/v1/admin/recompute/3/cancel", 409, {"error": "finished", "statusCode": 409})
-    case("an unknown route 404", "GET", "/v2/nope", 404, {"error": "Not found", "statusCode": 404})
+    case("a cancel 409", "POST", "/v1/admin/recompute/3/cancel", 409,
+         {"error": "finished", "statusCode": 409, "code": "job.finished"})
+    case("an unknown route 404", "GET", "/v2/nope", 404, {"error": "Not found", "statusCode": 404, "code": "route.not_found"})
     case("an unknown route answered 200", "GET", "/v2/nope", 200, {"status": "ok"}, expect_ok=False,
          expect_text="expected 404")
-    case("a wrong-method 405", "DELETE", "/healthz", 405, {"error": "Method not allowed", "statusCode": 405},
+    case("a wrong-method 405", "DELETE", "/healthz", 405,
+         {"error": "Method not allowed", "statusCode": 405, "code": "method.not_allowed"},
          headers={**json_ct, "allow": ["GET"]})
     case("a wrong-method 405 without Allow", "DELETE", "/healthz", 405,
-         {"error": "Method not allowed", "statusCode": 405}, expect_ok=False, expect_text="header Allow")
+         {"error": "Method not allowed", "statusCode": 405, "code": "method.not_allowed"}, expect_ok=False,
+         expect_text="header Allow")
     case("/metrics text", "GET", "/metrics", 200, b"# TYPE up gauge\nup 1\n",
          headers={"content-type": ["text/plain; version=0.0.4; charset=utf-8"]})
     case("/metrics without the version parameter", "GET", "/metrics", 200, b"up 1\n",
@@ -1062,6 +1084,14 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
                 [f"error message {msg!r} should mention {' and '.join(map(repr, words))}"]
         return check
 
+    def code_is(*codes, then=None):
+        """The error body's code is one of `codes` (clients branch on it, never on the message); then `then`."""
+        def check(r):
+            code = (r.json or {}).get("code")
+            problems = [] if code in codes else [f"error code {code!r}, expected {' or '.join(codes)}"]
+            return problems + ((then(r) or []) if then is not None and not problems else [])
+        return check
+
     log("== operations endpoints ==")
     ck.call("liveness", "GET", "/healthz", expect=200)
     ck.call("readiness", "GET", "/readyz", expect=200)
@@ -1111,7 +1141,7 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
     for path in ("/", "/v1", "/v1/profile/metrics", "/v1/profile/metrics/today/extra", "/v2/profile/metrics/today",
                  "/openapi.json", "/v1/admin/recompute/1/cancel/now", "/%2e%2e/%2e%2e/etc/passwd",
                  "/v1/profile/metrics/" + "x" * 2000):
-        ck.call(f"unknown route {path[:50]!r}", "GET", path, expect=404, token=tok(1001))
+        ck.call(f"unknown route {path[:50]!r}", "GET", path, expect=404, token=tok(1001), then=code_is("route.not_found"))
     for method, path, allowed in (("POST", "/healthz", "GET"), ("DELETE", "/readyz", "GET"),
                                   ("PUT", "/metrics", "GET"), ("POST", "/openapi.yaml", "GET"),
                                   ("POST", today, "GET"), ("DELETE", today, "GET"), ("GET", ack, "POST"),
@@ -1125,43 +1155,50 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
             want = {m.strip() for m in allowed.split(",")}
             return [] if want <= got else [f"Allow {r.header('allow')!r} should list {allowed}"]
 
-        ck.call(f"wrong method {method} {path}", method, path, expect=405, token=auth, then=allow_header)
+        ck.call(f"wrong method {method} {path}", method, path, expect=405, token=auth,
+                then=code_is("method.not_allowed", then=allow_header))
 
     log("== user authentication ==")
     now = int(time.time())
     wrong_secret = secrets.token_hex(32).encode()
+    # Each bad token and the code that says why (an empty header may be dropped on the way: missing or malformed).
     bad_tokens = {
-        "no Authorization header": None,
-        "an empty Authorization header": "",
-        "a bearer without a token": "Bearer ",
-        "a Basic credential": "Basic " + base64.b64encode(b"user:pass").decode(),
-        "garbage": "Bearer not-a-jwt",
-        "three garbage parts": "Bearer a.b.c",
-        "an expired token": mint_jwt(secret, {"sub": "1001", "iat": now - 7200, "exp": now - 3600}),
-        "a token signed with another secret": mint_jwt(wrong_secret, user_claims(1001)),
-        "a token with a tampered payload": (lambda t: t.split(".")[0] + "." + b64url(
-            json.dumps(user_claims(1002)).encode()) + "." + t.split(".")[2])(tok(1001)),
-        "alg none": mint_jwt(b"", user_claims(1001), header={"alg": "none", "typ": "JWT"}, sign=False),
-        "alg none with a signature": mint_jwt(secret, user_claims(1001), header={"alg": "none", "typ": "JWT"}),
-        "alg HS512 header on an HS256 signature": mint_jwt(secret, user_claims(1001),
-                                                           header={"alg": "HS512", "typ": "JWT"}),
-        "a not-yet-valid token (nbf in an hour)": mint_jwt(secret, user_claims(1001, nbf=now + 3600)),
-        "a non-numeric sub": mint_jwt(secret, user_claims("abc")),
-        "a negative sub": mint_jwt(secret, user_claims("-5")),
-        "a zero sub": mint_jwt(secret, user_claims("0")),
-        "a SQL-looking sub": mint_jwt(secret, user_claims("1001 OR 1=1")),
-        "a fractional sub": mint_jwt(secret, {**user_claims(1001), "sub": 1001.5}),
-        "a sub beyond 64 bits": mint_jwt(secret, user_claims("99999999999999999999999")),
-        "no sub": mint_jwt(secret, {"iat": now, "exp": now + 3600}),
-        "the admin token": admin,
-        "an 8 KiB token": "Bearer " + "A" * 8192,
+        "no Authorization header": (None, ("auth.token_missing",)),
+        "an empty Authorization header": ("", ("auth.token_missing", "auth.authorization_malformed")),
+        "a bearer without a token": ("Bearer ", ("auth.authorization_malformed",)),
+        "a Basic credential": ("Basic " + base64.b64encode(b"user:pass").decode(), ("auth.authorization_malformed",)),
+        "garbage": ("Bearer not-a-jwt", ("token.malformed",)),
+        "three garbage parts": ("Bearer a.b.c", ("token.malformed",)),
+        "an expired token": (mint_jwt(secret, {"sub": "1001", "iat": now - 7200, "exp": now - 3600}), ("token.expired",)),
+        "a token signed with another secret": (mint_jwt(wrong_secret, user_claims(1001)), ("token.bad_signature",)),
+        "a token with a tampered payload": ((lambda t: t.split(".")[0] + "." + b64url(
+            json.dumps(user_claims(1002)).encode()) + "." + t.split(".")[2])(tok(1001)), ("token.bad_signature",)),
+        "alg none": (mint_jwt(b"", user_claims(1001), header={"alg": "none", "typ": "JWT"}, sign=False),
+                     ("token.algorithm_not_accepted",)),
+        "alg none with a signature": (mint_jwt(secret, user_claims(1001), header={"alg": "none", "typ": "JWT"}),
+                                      ("token.algorithm_not_accepted",)),
+        "alg HS512 header on an HS256 signature": (mint_jwt(secret, user_claims(1001),
+                                                            header={"alg": "HS512", "typ": "JWT"}),
+                                                   ("token.algorithm_not_accepted",)),
+        "a not-yet-valid token (nbf in an hour)": (mint_jwt(secret, user_claims(1001, nbf=now + 3600)),
+                                                   ("token.not_yet_valid",)),
+        "a non-numeric sub": (mint_jwt(secret, user_claims("abc")), ("token.subject_not_user_id",)),
+        "a negative sub": (mint_jwt(secret, user_claims("-5")), ("token.subject_not_user_id",)),
+        "a zero sub": (mint_jwt(secret, user_claims("0")), ("token.subject_not_user_id",)),
+        "a SQL-looking sub": (mint_jwt(secret, user_claims("1001 OR 1=1")), ("token.subject_not_user_id",)),
+        "a fractional sub": (mint_jwt(secret, {**user_claims(1001), "sub": 1001.5}), ("token.subject_not_user_id",)),
+        "a sub beyond 64 bits": (mint_jwt(secret, user_claims("99999999999999999999999")), ("token.subject_not_user_id",)),
+        "no sub": (mint_jwt(secret, {"iat": now, "exp": now + 3600}), ("token.subject_not_user_id",)),
+        "the admin token": (admin, ("token.malformed",)),
+        "an 8 KiB token": ("Bearer " + "A" * 8192, ("token.malformed",)),
     }
-    for title, value in bad_tokens.items():
-        ck.call(f"401 for {title}", "GET", today, expect=401, token=value)
+    for title, (value, codes) in bad_tokens.items():
+        ck.call(f"401 for {title}", "GET", today, expect=401, token=value, then=code_is(*codes))
     ck.call("401 on acknowledge without a token", "POST", ack, expect=401,
-            body={"version": 1, "metricsComputedAt": "2025-10-29T14:30:45.123Z"})
+            body={"version": 1, "metricsComputedAt": "2025-10-29T14:30:45.123Z"}, then=code_is("auth.token_missing"))
     ck.call("401 on acknowledge with an expired token", "POST", ack, expect=401,
-            token=bad_tokens["an expired token"], body={"version": 1, "metricsComputedAt": "2025-10-29T14:30:45.123Z"})
+            token=bad_tokens["an expired token"][0], body={"version": 1, "metricsComputedAt": "2025-10-29T14:30:45.123Z"},
+            then=code_is("token.expired"))
     ck.call("a numeric (JSON number) sub is accepted", "GET", today, expect=200,
             token=mint_jwt(secret, {**user_claims(1002), "sub": 1002}))
 
@@ -1198,8 +1235,9 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         results.record(not problems, f"user 1001's metrics follow the version 1 formulas: {m}", problems)
     for uid, (tz, _, word) in INVALID_USERS.items():
         ck.call(f"404 for user {uid} with bad settings ({word or 'all missing'})", "GET", today, expect=404,
-                token=tok(uid), then=message_contains(word) if word else None)
-    ck.call("404 for an unknown user", "GET", today, expect=404, token=tok(UNKNOWN_USER))
+                token=tok(uid), then=code_is("metrics.settings_invalid", then=message_contains(word) if word else None))
+    ck.call("404 for an unknown user", "GET", today, expect=404, token=tok(UNKNOWN_USER),
+            then=code_is("metrics.user_unknown"))
 
     db.psql(onboard_sql(ONBOARDED_USER))
     ck.call(f"200 on the first request of a just-onboarded user {ONBOARDED_USER} (computed on the spot)", "GET",
@@ -1267,14 +1305,14 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         instant = datetime.strptime(computed, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
         return (instant + timedelta(milliseconds=ms)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
-    exact_stale = lambda r: [] if r.json["error"] == STALE_MESSAGE else [  # noqa: E731
-        f"message {r.json['error']!r} != {STALE_MESSAGE!r}"]
+    # The code says stale; the message is the documented sentence the app may show as is.
+    exact_stale = code_is("metrics.stale", then=lambda r: [] if r.json["error"] == STALE_MESSAGE else [
+        f"message {r.json['error']!r} != {STALE_MESSAGE!r}"])
     ck.call("404 for metrics computed 1 ms earlier (stale)", "POST", ack, expect=404, token=t,
             body={"version": version, "metricsComputedAt": shifted(-1)}, then=exact_stale)
     ck.call("404 for metrics computed a day earlier (stale)", "POST", ack, expect=404, token=t,
             body={"version": version, "metricsComputedAt": shifted(-86400000)}, then=exact_stale)
-    no_metrics = lambda r: [] if r.json["error"].startswith("no metrics") and "updated" not in r.json["error"] else [  # noqa: E731
-        f"message {r.json['error']!r} does not say there are no metrics"]
+    no_metrics = code_is("metrics.settings_invalid")  # user 1101's height is out of range
     ck.call("404 for a user with no metrics", "POST", ack, expect=404, token=tok(1101),
             body={"version": version, "metricsComputedAt": computed}, then=no_metrics)
     other = metrics_of.get(1003)
@@ -1325,24 +1363,31 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         ("invalid UTF-8", b'{"version": 1, "metricsComputedAt": "\xff\xfe"}', None),
     ]
     for title, raw, then in bad_bodies:
-        ck.call(f"400 for {title}", "POST", ack, expect=400, token=t, raw=raw, then=then)
+        ck.call(f"400 for {title}", "POST", ack, expect=400, token=t, raw=raw, then=code_is("request.invalid_body", then=then))
     pad = "x" * (20 * 1024)
     big = json.dumps({"version": version, "metricsComputedAt": computed, "pad": pad}).encode()
-    ck.call("413 for a 20 KiB body", "POST", ack, expect=413, token=t, raw=big)
-    ck.call("413 for a 20 KiB chunked body", "POST", ack, expect=413, token=t, raw=big, chunked=True)
-    ck.call("413 for a 1 MiB body", "POST", ack, expect=413, token=t, raw=b'{"pad": "' + b"y" * (1 << 20) + b'"}')
+    too_large = code_is("request.body_too_large")
+    ck.call("413 for a 20 KiB body", "POST", ack, expect=413, token=t, raw=big, then=too_large)
+    ck.call("413 for a 20 KiB chunked body", "POST", ack, expect=413, token=t, raw=big, chunked=True, then=too_large)
+    ck.call("413 for a 1 MiB body", "POST", ack, expect=413, token=t, raw=b'{"pad": "' + b"y" * (1 << 20) + b'"}',
+            then=too_large)
     fits = json.dumps({"version": version, "metricsComputedAt": computed, "pad": "z" * (BODY_LIMIT - 200)}).encode()
     ck.call("a body just under 16 KiB is accepted", "POST", ack, expect=200, token=t, raw=fits, then=same_ack)
 
     log("== admin authentication ==")
     jobs_path = "/v1/admin/recompute"
-    for title, value in (("no token", None), ("a wrong token", "Bearer " + secrets.token_hex(32)),
-                         ("a valid user JWT", tok(1001)), ("the admin token as Basic", "Basic " + admin[7:]),
-                         ("the admin token with a suffix", admin + "x"), ("the admin token prefix", admin[:-1])):
-        ck.call(f"401 listing jobs with {title}", "GET", jobs_path, expect=401, token=value)
-        ck.call(f"401 triggering with {title}", "POST", jobs_path, expect=401, token=value, body={})
-    ck.call("401 reading a job without a token", "GET", jobs_path + "/1", expect=401)
-    ck.call("401 cancelling a job with a user JWT", "POST", jobs_path + "/1/cancel", expect=401, token=tok(1001))
+    invalid_admin = code_is("auth.admin_token_invalid")
+    for title, value, check in (("no token", None, code_is("auth.token_missing")),
+                                ("a wrong token", "Bearer " + secrets.token_hex(32), invalid_admin),
+                                ("a valid user JWT", tok(1001), invalid_admin),
+                                ("the admin token as Basic", "Basic " + admin[7:], code_is("auth.authorization_malformed")),
+                                ("the admin token with a suffix", admin + "x", invalid_admin),
+                                ("the admin token prefix", admin[:-1], invalid_admin)):
+        ck.call(f"401 listing jobs with {title}", "GET", jobs_path, expect=401, token=value, then=check)
+        ck.call(f"401 triggering with {title}", "POST", jobs_path, expect=401, token=value, body={}, then=check)
+    ck.call("401 reading a job without a token", "GET", jobs_path + "/1", expect=401, then=code_is("auth.token_missing"))
+    ck.call("401 cancelling a job with a user JWT", "POST", jobs_path + "/1/cancel", expect=401, token=tok(1001),
+            then=invalid_admin)
 
     log("== recompute jobs ==")
     ck.call("the job list", "GET", jobs_path, expect=200, token=admin)
@@ -1409,7 +1454,8 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
 
     ck.call("cancel the job", "POST", f"{jobs_path}/{target}/cancel", expect={200, 409}, token=admin,
             then=cancel_outcome)
-    ck.call("cancel it again: 409", "POST", f"{jobs_path}/{target}/cancel", expect=409, token=admin)
+    ck.call("cancel it again: 409", "POST", f"{jobs_path}/{target}/cancel", expect=409, token=admin,
+            then=code_is("job.finished"))
 
     def listed(r):
         jobs = r.json["data"]["jobs"]

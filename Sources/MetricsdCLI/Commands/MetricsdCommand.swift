@@ -179,7 +179,8 @@ struct CheckConfig: AsyncParsableCommand {
         abstract: "Check the whole configuration: settings, secrets, listeners, database and schema.",
         discussion: """
             Reads the configuration as `metricsd serve` would here, starts nothing, and prints each problem as one \
-            line, `metricsd: <SETTING>: <problem>`, on stderr, then each secret other local users can read \
+            line, `metricsd: <SETTING>: <problem> [<code>]` (the problem's stable error code), on stderr, then each \
+            secret other local users can read \
             (`metricsd: warning: <SETTING>: …`: a plain environment variable, a world-readable file), then a \
             summary of what was checked. Exit 0 when the configuration is fine (warnings or not), 78 when it has \
             problems. Run it as root to check the credentials.

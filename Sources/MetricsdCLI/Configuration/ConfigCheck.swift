@@ -6,17 +6,19 @@ import FoundationEssentials
 import Foundation
 #endif
 import Glibc
+import HealthMetrics
 import MetricsdPostgres
 
 /// `metricsd check-config`: the whole configuration as `metricsd serve` would read it here, checked without
 /// starting anything: every setting in range, the settings files' syntax, the secrets readable and strong enough,
 /// both listeners usable, the database reachable and its schema current.
 ///
-/// Each problem is one line, `metricsd: <SETTING>: <problem>`; each exposed secret (``SecretExposure``) a line
+/// Each problem is one line, `metricsd: <SETTING>: <problem> [<code>]`, ending in the failure's stable code (the
+/// one `serve` logs for the same failure, ``CodedError``); each exposed secret (``SecretExposure``) a line
 /// `metricsd: warning: <SETTING>: <what and where it belongs>`, which does not fail the check; what was checked is
 /// summed up after them.
 public struct ConfigCheck: Sendable {
-    public private(set) var problems: [(setting: String, problem: String)] = []
+    public private(set) var problems: [(setting: String, problem: String, code: String)] = []
     /// Secrets other local users can read, and other risks (an admin API reachable from other hosts): reported,
     /// not failed.
     public private(set) var warnings: [SecretExposure.Warning] = []
@@ -25,7 +27,13 @@ public struct ConfigCheck: Sendable {
 
     public var isOK: Bool { self.problems.isEmpty }
 
-    mutating func problem(_ setting: String, _ text: String) { self.problems.append((setting, text)) }
+    mutating func problem(_ setting: String, _ code: String, _ text: String) { self.problems.append((setting, text, code)) }
+    mutating func problem(_ setting: String, _ kind: ConfigurationError.Kind, _ text: String) {
+        self.problem(setting, kind.rawValue, text)
+    }
+    mutating func problem(_ setting: String, _ error: any CodedError) {
+        self.problem(setting, error.errorCode, error.description)
+    }
     mutating func note(_ label: String, _ text: String) { self.summary.append((label, text)) }
 
     /// Runs every check against `base` (the process environment).
@@ -36,7 +44,7 @@ public struct ConfigCheck: Sendable {
         do {
             host = try HostEnvironment(base)
         } catch {
-            check.problem("METRICSD_ENV_FILE", error.message)
+            check.problem("METRICSD_ENV_FILE", error)
             return check
         }
         if host.underSystemd {
@@ -50,13 +58,13 @@ public struct ConfigCheck: Sendable {
             check.note("credentials", host.credentialsUsed.map { "\($0.id) from \($0.path)" }.joined(separator: ", "))
         }
         for unreadable in host.credentialsUnreadable {
-            check.problem(unreadable.path, "cannot read it (\(unreadable.reason)); run check-config as root to check it")
+            check.problem(unreadable.path, .secretUnreadable, "cannot read it (\(unreadable.reason)); run check-config as root to check it")
         }
         let environment: [String: String]
         do {
             environment = try ConfigFile.merge(into: host.environment)
         } catch {
-            check.problem("METRICSD_CONFIG_FILE", error.message)
+            check.problem("METRICSD_CONFIG_FILE", error)
             environment = host.environment
         }
         check.warnings = SecretExposure.warnings(
@@ -66,7 +74,7 @@ public struct ConfigCheck: Sendable {
         // 2. Every setting on its own (the secrets' files below), and no unknown name in the settings file.
         if let file = host.settingsFile {
             for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil {
-                check.problem(name, "unknown setting (in \(file)); `metricsd help` lists them all")
+                check.problem(name, .unknownSetting, "unknown setting (in \(file)); `metricsd help` lists them all")
             }
         }
         let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
@@ -100,12 +108,12 @@ public struct ConfigCheck: Sendable {
                     configuration: configuration, readServers: try configuration.readServers(environment: environment).count)
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
-                    check.problem("METRICSD_MAX_CONNECTIONS", problem)
+                    check.problem("METRICSD_MAX_CONNECTIONS", .openFiles, problem)
                 } else {
                     check.note("open files", budget.summary(limit: limit))
                 }
             } catch {
-                check.problem(Self.settingName(in: error.message) ?? "configuration", error.message)
+                check.problem(Self.settingName(in: error.message) ?? "configuration", error)
             }
         }
         // 5. Listeners.
@@ -139,19 +147,19 @@ public struct ConfigCheck: Sendable {
             jwtSecret = try Secrets.read(
                 credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET", environment: environment)
         } catch {
-            if hs256 { self.problem("METRICSD_JWT_SECRET_FILE", Self.strip(error.message)) }
+            if hs256 { self.problem("METRICSD_JWT_SECRET_FILE", error.kind, Self.strip(error.message)) }
         }
         let publicKey = environment["METRICSD_JWT_PUBLIC_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
         if !hs256 {
             if let publicKey {
                 self.note("tokens", "public key \(publicKey) only (METRICSD_JWT_HS256=off\(jwtSecret == nil ? "" : "; the JWT secret is not used"))")
             } else {
-                self.problem("METRICSD_JWT_HS256", "off, but no METRICSD_JWT_PUBLIC_KEY_FILE: no token could be verified")
+                self.problem("METRICSD_JWT_HS256", .noJWTKey, "off, but no METRICSD_JWT_PUBLIC_KEY_FILE: no token could be verified")
             }
         } else if let secret = jwtSecret {
             if secret.utf8.count < 32 {
                 self.problem(
-                    "METRICSD_JWT_SECRET_FILE",
+                    "METRICSD_JWT_SECRET_FILE", .jwtSecretTooShort,
                     "the JWT secret is \(secret.utf8.count) bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)")
             } else if publicKey != nil {
                 self.note(
@@ -164,7 +172,7 @@ public struct ConfigCheck: Sendable {
             self.note("tokens", "public key \(publicKey)")
         } else if !self.problems.contains(where: { $0.setting == "METRICSD_JWT_SECRET_FILE" }) {
             self.problem(
-                "METRICSD_JWT_SECRET_FILE",
+                "METRICSD_JWT_SECRET_FILE", .noJWTKey,
                 "no JWT secret or public key: put the secret in /etc/credstore/metricsd-jwt-secret (or set METRICSD_JWT_SECRET_FILE or METRICSD_JWT_PUBLIC_KEY_FILE)")
         }
         do {
@@ -172,11 +180,11 @@ public struct ConfigCheck: Sendable {
                 credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN", environment: environment)
             {
                 if token.utf8.count < 16 {
-                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token is \(token.utf8.count) characters; at least 16 are needed")
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenTooShort, "the admin token is \(token.utf8.count) characters; at least 16 are needed")
                 } else if token.hasPrefix("eyJ") && token.split(separator: ".").count == 3 {
-                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token must not be a JWT")
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenIsJWT, "the admin token must not be a JWT")
                 } else if token == jwtSecret {
-                    self.problem("METRICSD_ADMIN_TOKEN_FILE", "the admin token must differ from the JWT secret")
+                    self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
                 } else {
                     self.note("admin token", "set (\(token.utf8.count) characters)")
                 }
@@ -184,12 +192,12 @@ public struct ConfigCheck: Sendable {
                 self.note("admin token", "none: no admin endpoints (POST /v1/admin/recompute answers 404)")
             }
         } catch {
-            self.problem("METRICSD_ADMIN_TOKEN_FILE", Self.strip(error.message))
+            self.problem("METRICSD_ADMIN_TOKEN_FILE", error.kind, Self.strip(error.message))
         }
         do {
             _ = try Secrets.read(credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         } catch {
-            self.problem("METRICSD_DB_PASSWORD_FILE", Self.strip(error.message))
+            self.problem("METRICSD_DB_PASSWORD_FILE", error.kind, Self.strip(error.message))
         }
     }
 
@@ -215,10 +223,10 @@ public struct ConfigCheck: Sendable {
             {
                 self.note(label, "\(address) (in use by a running metricsd)")
             } else {
-                self.problem(name, "\(address) is in use by another program")
+                self.problem(name, .listenUnavailable, "\(address) is in use by another program")
             }
         case .failed(let reason):
-            self.problem(name, "cannot listen on \(address): \(reason)")
+            self.problem(name, .listenUnavailable, "cannot listen on \(address): \(reason)")
         }
     }
 
@@ -229,7 +237,9 @@ public struct ConfigCheck: Sendable {
                 credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
             settings = try ConnectionSettings(conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
         } catch {
-            if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) { self.problem("DATABASE_URL", error.message) }
+            if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) {
+                self.problem("DATABASE_URL", .databaseURLInvalid, error.message)
+            }
             return
         }
         // libpq blocks: the connection runs in a detached task, off the cooperative pool's threads, and is awaited
@@ -247,23 +257,24 @@ public struct ConfigCheck: Sendable {
         switch result {
         case .success(let (name, status, total)):
             if !status.changed.isEmpty {
-                self.problem("DATABASE_URL", "\(name): migrations changed after being applied: \(status.changed.joined(separator: ", "))")
+                self.problem("DATABASE_URL", MigrationError.Kind.changed.rawValue, "\(name): migrations changed after being applied: \(status.changed.joined(separator: ", "))")
             } else if !status.pending.isEmpty {
                 self.problem(
-                    "DATABASE_URL",
+                    "DATABASE_URL", StartupError.Kind.schemaBehind.rawValue,
                     "\(name): schema is behind, \(status.pending.count) of \(total) migrations pending (run: metricsd migrate)")
             } else {
                 self.note("database", "\(name), schema current (\(total) migrations)")
             }
         case .failure(let error as PostgresError):
-            self.problem("DATABASE_URL", "cannot connect to the database: \(Self.oneLine(error.message))")
+            self.problem("DATABASE_URL", error.errorCode, "cannot connect to the database: \(Self.oneLine(error.message))")
         case .failure(let error):
-            self.problem("DATABASE_URL", "database error: \(Self.oneLine("\(error)"))")
+            let code = (error as? any CodedError)?.errorCode ?? PostgresError.Code.queryFailed.errorCode
+            self.problem("DATABASE_URL", code, "database error: \(Self.oneLine("\(error)"))")
         }
     }
 
     /// The text to print: problems first, then warnings, then the summary.
-    public var problemLines: [String] { self.problems.map { "metricsd: \($0.setting): \($0.problem)" } }
+    public var problemLines: [String] { self.problems.map { "metricsd: \($0.setting): \($0.problem) [\($0.code)]" } }
 
     public var warningLines: [String] { self.warnings.map { "metricsd: warning: \($0)" } }
 

@@ -131,13 +131,13 @@ public struct Configuration: Sendable {
             environment: environment)
         if let adminToken = self.adminToken {
             guard adminToken.utf8.count >= 16 else {
-                throw ConfigurationError("the admin token must be at least 16 characters long")
+                throw ConfigurationError(.adminTokenTooShort, "the admin token must be at least 16 characters long")
             }
             guard adminToken.split(separator: ".").count != 3 || !adminToken.hasPrefix("eyJ") else {
-                throw ConfigurationError("the admin token must not be a JWT: admin and user tokens are never interchangeable")
+                throw ConfigurationError(.adminTokenIsJWT, "the admin token must not be a JWT: admin and user tokens are never interchangeable")
             }
             if let secret = self.tokens.hmacSecret, secret == adminToken {
-                throw ConfigurationError("the admin token must differ from the JWT secret")
+                throw ConfigurationError(.adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
             }
         }
         self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE")
@@ -176,7 +176,7 @@ public struct Configuration: Sendable {
             settings.statementDeadlineSeconds = self.statementDeadlineSeconds
             return settings
         } catch {
-            throw ConfigurationError(error.message)
+            throw ConfigurationError(.databaseURLInvalid, error.message)
         }
     }
 }
@@ -192,7 +192,7 @@ extension Configuration {
             settings.statementDeadlineSeconds = self.statementDeadlineSeconds
             return try settings.readServers()
         } catch {
-            throw ConfigurationError(error.message)
+            throw ConfigurationError(.readDatabaseURLInvalid, error.message)
         }
     }
 
@@ -204,13 +204,6 @@ extension Configuration {
             acquireTimeout: .milliseconds(Int64(self.acquireTimeoutMilliseconds)),
             maxSessionAge: .milliseconds(Int64(self.sessionMaxAgeSeconds * 1000)))
     }
-}
-
-/// A configuration value is missing or invalid; the message names the variable and what it expects.
-public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
-    public let message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { self.message }
 }
 
 /// Typed reads of environment variables with messages that name the variable.
@@ -236,7 +229,7 @@ struct EnvironmentReader {
     ) throws(ConfigurationError) -> T? {
         guard let text = self[name] else { return nil }
         guard let value = parse(text) else {
-            throw ConfigurationError("\(name)=\(Self.shown(text)) is not valid: expected \(expected)")
+            throw ConfigurationError(.invalidValue, "\(name)=\(Self.shown(text)) is not valid: expected \(expected)")
         }
         return value
     }

@@ -37,7 +37,7 @@ public enum EnvironmentFile {
         var line = 1
 
         func fail(_ message: String, at line: Int) -> ConfigurationError {
-            ConfigurationError("\(path):\(line): \(message)")
+            ConfigurationError(.fileSyntax, "\(path):\(line): \(message)")
         }
 
         while index < characters.count {

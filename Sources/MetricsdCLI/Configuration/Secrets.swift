@@ -53,10 +53,10 @@ public enum Secrets {
         do {
             text = try Self.readText(path)
         } catch {
-            throw ConfigurationError("\(what): \(error.message)")
+            throw ConfigurationError(.secretUnreadable, "\(what): \(error.message)")
         }
         let trimmed = text.trimmingWhitespace()
-        guard !trimmed.isEmpty else { throw ConfigurationError("\(what): \(path) is empty") }
+        guard !trimmed.isEmpty else { throw ConfigurationError(.secretEmpty, "\(what): \(path) is empty") }
         return trimmed
     }
 
@@ -66,7 +66,7 @@ public enum Secrets {
         // empty file.
         let descriptor = open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else {
-            throw ConfigurationError("cannot read \(path) (\(Self.reason(errno)))")
+            throw ConfigurationError(.fileUnreadable, "cannot read \(path) (\(Self.reason(errno)))")
         }
         defer { close(descriptor) }
         var bytes: [UInt8] = []
@@ -75,13 +75,13 @@ public enum Secrets {
             let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                throw ConfigurationError("cannot read \(path) (\(Self.reason(errno)))")
+                throw ConfigurationError(.fileUnreadable, "cannot read \(path) (\(Self.reason(errno)))")
             }
             if count == 0 { break }
             bytes.append(contentsOf: chunk[0..<count])
         }
         guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw ConfigurationError("\(path) is not UTF-8 text")
+            throw ConfigurationError(.fileUnreadable, "\(path) is not UTF-8 text")
         }
         return text
     }

@@ -96,19 +96,20 @@ public struct Setting: Sendable {
 
     /// What is wrong with `value` for this setting, or nil when it is acceptable on its own (a few constraints
     /// between settings are checked by `Configuration`).
-    public func problem(_ value: String) -> String? {
+    public func problem(_ value: String) -> ConfigurationError? {
+        func invalid(_ text: String) -> ConfigurationError { ConfigurationError(.invalidValue, text) }
         switch self.kind {
         case .integer(let range):
             guard let number = Int(value), range.contains(number) else {
-                return "must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(EnvironmentReader.shown(value))"
+                return invalid("must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(EnvironmentReader.shown(value))")
             }
         case .number(let range):
             guard let number = Double(value), number.isFinite, range.contains(number) else {
-                return "must be a number from \(Self.format(range.lowerBound)) to \(Self.format(range.upperBound)), got \(EnvironmentReader.shown(value))"
+                return invalid("must be a number from \(Self.format(range.lowerBound)) to \(Self.format(range.upperBound)), got \(EnvironmentReader.shown(value))")
             }
         case .address:
             guard let address = ListenAddress(parsing: value), address.unixPath == nil else {
-                return "must be host:port (e.g. 127.0.0.1:8080, [::1]:8080), got \(EnvironmentReader.shown(value))"
+                return invalid("must be host:port (e.g. 127.0.0.1:8080, [::1]:8080), got \(EnvironmentReader.shown(value))")
             }
         case .listener:
             guard ListenAddress(parsing: value) != nil else {
@@ -119,16 +120,16 @@ public struct Setting: Sendable {
                 return "must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))"
             }
         case .dailyTime:
-            guard DailyTime(parsing: value) != nil else { return "must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))" }
+            guard DailyTime(parsing: value) != nil else { return invalid("must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))") }
         case .choice(let values):
             guard values.contains(value.lowercased()) else {
-                return "must be one of \(values.joined(separator: ", ")), got \(EnvironmentReader.shown(value))"
+                return invalid("must be one of \(values.joined(separator: ", ")), got \(EnvironmentReader.shown(value))")
             }
         case .file:
             do {
                 _ = try Secrets.readFile(value, what: "file")
             } catch {
-                return error.message.hasPrefix("file: ") ? String(error.message.dropFirst(6)) : error.message
+                return ConfigurationError(error.kind, error.message.hasPrefix("file: ") ? String(error.message.dropFirst(6)) : error.message)
             }
         case .conninfo, .settingsFile, .directory, .secret, .text:
             break

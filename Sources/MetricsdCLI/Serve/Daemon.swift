@@ -17,7 +17,8 @@ import ServiceLifecycle
 
 /// `metricsd serve`: start-up in systemd's order, the services, reload and shutdown (README, "systemd").
 ///
-/// 1. configuration and credentials (errors: one line on stderr, `STATUS=`/`ERRNO=`, exit 1);
+/// 1. configuration and credentials (errors: one line on stderr ending in the error's code, a journal record
+///    carrying it as `ERROR_CODE=` under systemd, `STATUS=`/`ERRNO=`, exit 1);
 /// 2. the database: retried with capped backoff while unreachable, `STATUS=waiting for database: …`, no READY;
 /// 3. the schema: migrated with `--migrate` (`EXTEND_TIMEOUT_USEC` before each step), else it must be current;
 /// 4. the HTTP listener bound, the scheduler running, then `READY=1` with `STATUS=serving on <addr>; …`.
@@ -27,6 +28,7 @@ public enum Daemon {
     /// Runs the daemon until it stops; returns the process exit code.
     public static func serve(environment base: [String: String], migrate: Bool) async -> Int32 {
         let early = SystemdNotifier()  // before logging exists: configuration errors only
+        let earlyLogger = Self.earlyLogger(base)
         let host: HostEnvironment
         let environment: [String: String]
         let configuration: Configuration
@@ -35,7 +37,7 @@ public enum Daemon {
             environment = try ConfigFile.merge(into: host.environment)
             configuration = try Configuration(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
+            return Self.fatal("configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
         }
         let readServers: [ConnectionSettings.ReadServer]
         do {
@@ -47,7 +49,9 @@ public enum Daemon {
         let budget = DescriptorBudget(configuration: configuration, readServers: readServers.count)
         let descriptors = DescriptorBudget.raiseSoftLimit()
         if let problem = budget.problem(limit: descriptors.soft) {
-            return Self.fatal("configuration error: \(problem)", errno: EINVAL, notifier: early)
+            return Self.fatal(
+                "configuration error: \(problem)", code: ConfigurationError.Kind.openFiles.rawValue, errno: EINVAL,
+                notifier: early, logger: earlyLogger)
         }
         // The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor.
         let activation: SocketActivation
@@ -86,7 +90,9 @@ public enum Daemon {
             tokens = try await TokenVerifier(configuration.tokens)
             settings = try configuration.connectionSettings(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: notifier, logger: fatalLogger)
+            return Self.fatal(
+                "configuration error: \(error)", code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.invalidValue.rawValue,
+                errno: EINVAL, notifier: notifier, logger: fatalLogger)
         }
         let pool = PostgresPool(
             settings: settings,
@@ -144,12 +150,9 @@ public enum Daemon {
                 logger.info("Stopped during start-up")
             }
             code = 0
-        } catch let error as StartupError {
-            code = Self.fatal(error.message, errno: error.errno, notifier: notifier, logger: fatalLogger)
         } catch {
-            code = Self.fatal(
-                Self.describe(error, listen: configuration.listen), errno: Self.errno(of: error), notifier: notifier,
-                logger: fatalLogger)
+            let failure = Self.startupError(error, listen: configuration.listen)
+            code = Self.fatal(failure.message, code: failure.errorCode, errno: failure.errno, notifier: notifier, logger: fatalLogger)
         }
         await replicas?.close()
         await pool.close()
@@ -158,25 +161,40 @@ public enum Daemon {
 
     // MARK: Errors
 
-    /// One line on stderr, `STATUS=`/`ERRNO=` to systemd, exit code 1.
-    static func fatal(_ message: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil) -> Int32 {
-        logger?.critical("Fatal", metadata: ["metricsd.error": "\(message)"])
-        StandardError.write("Error: \(message)\n")
+    /// One line on stderr ending in the code, `STATUS=`/`ERRNO=` to systemd, a critical log record with the
+    /// code as `metricsd.error.code` (when the log is not that same stderr), exit code 1.
+    static func fatal(_ message: String, code: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil) -> Int32 {
+        logger?.critical("Fatal", metadata: .errorFields(message, code: code))
+        StandardError.write("Error: \(message) [\(code)]\n")
         notifier.fatal(status: "failed: \(message)", errno: errno)
         return 1
     }
 
-    static func describe(_ error: any Error, listen: ListenAddress) -> String {
-        if let error = error as? IOError {
-            return "cannot listen on \(listen): \(String(cString: strerror(error.errnoCode)).lowercased())"
+    /// A failure that ended the service group, as the start-up error it is.
+    static func startupError(_ error: any Error, listen: ListenAddress) -> StartupError {
+        switch error {
+        case let error as StartupError:
+            return error
+        case let error as IOError:
+            return StartupError(
+                .listenFailed, message: "cannot listen on \(listen): \(String(cString: strerror(error.errnoCode)).lowercased())",
+                errno: error.errnoCode)
+        case let error as ServiceGroupError:
+            return StartupError(.serviceFailed, message: "service failed: \(error)", errno: EIO)
+        case let error as MigrationError:
+            return StartupError(error.kind == .changed ? .migrationChanged : .migrationFailed, message: error.message, errno: EIO)
+        default:
+            return StartupError(.serviceFailed, message: "\(error)", errno: EIO)
         }
-        if let error = error as? ServiceGroupError {
-            return "service failed: \(error)"
-        }
-        return "\(error)"
     }
 
-    static func errno(of error: any Error) -> Int32 {
-        (error as? IOError)?.errnoCode ?? EIO
+    /// Before the configuration is read there is no log: under systemd (stderr is the journal) a journal record
+    /// carries a configuration error's code as a field; elsewhere the one `Error:` line says it all.
+    static func earlyLogger(_ environment: [String: String]) -> Logger? {
+        guard LogSetup.resolvedFormat(nil, environment: environment) == .journal else { return nil }
+        let level = LogLevelBox(.info)
+        return Logger(label: "metricsd") { label in
+            LogSetup.makeHandler(label: label, format: .journal, level: level, environment: environment)
+        }
     }
 }

@@ -52,7 +52,7 @@ struct Reload: Sendable {
                 ])
             self.notifier.ready(status: self.status.line)
         } catch {
-            self.logger.error("Reload failed; keeping the previous settings", metadata: ["metricsd.error": "\(error)"])
+            self.logger.error("Reload failed; keeping the previous settings", metadata: .errorFields(error))
             self.notifier.ready(status: "reload failed: \(error); " + self.status.line)
         }
     }

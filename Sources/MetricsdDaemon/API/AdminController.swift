@@ -34,7 +34,7 @@ package struct AdminController {
         if request.body.readableBytes > 0 {
             guard (try? JSONDecoder().decode([String: AnyJSON].self, from: Data(request.body.readableBytesView))) != nil
             else {
-                throw AppError.badRequest("body must be empty or a JSON object")
+                throw AppError.badRequest(.invalidBody, "body must be empty or a JSON object")
             }
         }
         let version = self.formula.version
@@ -74,7 +74,7 @@ package struct AdminController {
 
     @Sendable func show(_ request: EndpointRequest) async throws -> Reply {
         let id = try Self.jobID(request)
-        guard let job = try await self.jobs.job(id: id) else { throw AppError(.notFound, "no recompute job \(id)") }
+        guard let job = try await self.jobs.job(id: id) else { throw AppError(.notFound, .jobNotFound, "no recompute job \(id)") }
         return .json(Self.envelope(["job": .raw(Self.json(job))]))
     }
 
@@ -86,9 +86,9 @@ package struct AdminController {
             request.logger.info("Recompute job cancelled", metadata: ["metricsd.job.id": "\(id)"])
             return .json(Self.envelope(["job": .raw(Self.json(job))]))
         case .alreadyFinished(let job):
-            throw AppError(.conflict, "recompute job \(id) is already \(job.state.rawValue)")
+            throw AppError(.conflict, .jobFinished, "recompute job \(id) is already \(job.state.rawValue)")
         case .notFound:
-            throw AppError(.notFound, "no recompute job \(id)")
+            throw AppError(.notFound, .jobNotFound, "no recompute job \(id)")
         }
     }
 
@@ -96,7 +96,7 @@ package struct AdminController {
         let text = request.parameter ?? ""
         guard (1...18).contains(text.utf8.count), text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }), let id = Int64(text),
             id >= 1
-        else { throw AppError.badRequest("job id must be a positive integer") }
+        else { throw AppError.badRequest(.jobInvalidID, "job id must be a positive integer") }
         return id
     }
 

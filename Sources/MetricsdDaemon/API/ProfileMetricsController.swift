@@ -62,12 +62,12 @@ struct ProfileMetricsController {
     static func noMetrics(userID: Int64, _ reason: NoMetricsReason) -> AppError {
         switch reason {
         case .unknownUser:
-            return AppError(.notFound, "no metrics: user \(userID) does not exist")
+            return AppError(.notFound, .userUnknown, "no metrics: user \(userID) does not exist")
         case .invalidSettings(let reasons):
-            return AppError(.notFound, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
+            return AppError(.notFound, .settingsInvalid, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
         case .notComputedYet:
             return AppError(
-                .notFound,
+                .notFound, .notComputedYet,
                 "no metrics yet: nothing to acknowledge; GET /v1/profile/metrics/today computes and returns them")
         }
     }
@@ -89,7 +89,7 @@ struct ProfileMetricsController {
                         ])),
                 ]))
         case .notCurrent:
-            throw AppError(.notFound, "Your metrics have been updated. Please refresh and try again.")
+            throw AppError(.notFound, .stale, "Your metrics have been updated. Please refresh and try again.")
         case .noMetrics(let reason):
             throw Self.noMetrics(userID: userID, reason)
         }
@@ -102,24 +102,25 @@ struct ProfileMetricsController {
             let metricsComputedAt: JSONScalar?
         }
         guard let body = try? JSONDecoder().decode(Body.self, from: Data(buffer.readableBytesView)) else {
-            throw AppError.badRequest("body must be a JSON object with version and metricsComputedAt")
+            throw AppError.badRequest(.invalidBody, "body must be a JSON object with version and metricsComputedAt")
         }
-        guard let versionValue = body.version else { throw AppError.badRequest("version is required") }
+        guard let versionValue = body.version else { throw AppError.badRequest(.invalidBody, "version is required") }
         guard case .number(let number) = versionValue, number.isFinite, number == number.rounded(),
             abs(number) <= 2_147_483_647
-        else { throw AppError.badRequest("version must be an integer") }
+        else { throw AppError.badRequest(.invalidBody, "version must be an integer") }
         let version = Int(number)
         guard self.formula.knownVersions.contains(version) else {
             throw AppError.badRequest(
+                .invalidBody,
                 "version \(version) is not a known formula version (\(self.formula.knownVersions.lowerBound)–\(self.formula.knownVersions.upperBound))"
             )
         }
-        guard let dateValue = body.metricsComputedAt else { throw AppError.badRequest("metricsComputedAt is required") }
+        guard let dateValue = body.metricsComputedAt else { throw AppError.badRequest(.invalidBody, "metricsComputedAt is required") }
         guard case .string(let text) = dateValue else {
-            throw AppError.badRequest("metricsComputedAt must be an ISO 8601 date-time string")
+            throw AppError.badRequest(.invalidBody, "metricsComputedAt must be an ISO 8601 date-time string")
         }
         guard let computedAt = Timestamp(iso8601: text) else {
-            throw AppError.badRequest("metricsComputedAt is not an ISO 8601 date-time such as 2025-10-29T14:30:45.123Z")
+            throw AppError.badRequest(.invalidBody, "metricsComputedAt is not an ISO 8601 date-time such as 2025-10-29T14:30:45.123Z")
         }
         return (version, computedAt)
     }

@@ -4,21 +4,38 @@ import FoundationEssentials
 import Foundation
 #endif
 import Glibc
+import HealthMetrics
 import Logging
 import MetricsdPostgres
 import MetricsdSystemd
 import ServiceLifecycle
 
-/// A start-up failure that ends the daemon: one line for the operator and the `errno` systemd records.
-package struct StartupError: Error, CustomStringConvertible {
+/// A start-up failure that ends the daemon: its case, one line for the operator and the `errno` systemd records.
+package struct StartupError: CodedError {
+    package enum Kind: String, CaseIterable, Sendable {
+        /// An applied migration's file differs from what was applied (the same code as ``MigrationError``'s).
+        case migrationChanged = "migration.changed"
+        /// A migration failed during `serve --migrate` (the same code as ``MigrationError``'s).
+        case migrationFailed = "migration.failed"
+        /// Migrations are pending and `--migrate` was not given.
+        case schemaBehind = "schema.behind"
+        /// The HTTP (or metrics) listener could not be opened.
+        case listenFailed = "startup.listen_failed"
+        /// A service of the daemon failed (the message says which and why).
+        case serviceFailed = "daemon.service_failed"
+    }
+
+    package let kind: Kind
     package let message: String
     package let errno: Int32
 
-    package init(message: String, errno: Int32) {
+    package init(_ kind: Kind, message: String, errno: Int32) {
+        self.kind = kind
         self.message = message
         self.errno = errno
     }
 
+    package var errorCode: String { self.kind.rawValue }
     package var description: String { self.message }
 }
 
@@ -69,7 +86,7 @@ package struct DatabasePreparation: Service {
                 if problem != lastProblem {
                     // The reason in the message itself: `journalctl -u metricsd` and `systemctl status` show
                     // only the message (libpq's words, any password in them already masked).
-                    self.logger.warning("Waiting for database: \(problem)")
+                    self.logger.warning("Waiting for database: \(problem)", metadata: .errorFields(problem, code: error.errorCode))
                     self.notifier.status("waiting for database: \(problem)")
                     lastProblem = problem
                 }
@@ -84,6 +101,7 @@ package struct DatabasePreparation: Service {
         let status = try await self.pool.withConnection { try migrator.status(on: $0) }
         if let changed = status.changed.first {
             throw StartupError(
+                .migrationChanged,
                 message: "migration \(changed) was changed after it was applied; restore it and add a new migration",
                 errno: EINVAL)
         }
@@ -94,7 +112,7 @@ package struct DatabasePreparation: Service {
         }
         guard !status.pending.isEmpty else { return }
         guard self.migrate else {
-            throw StartupError(message: PostgresStore.describe(status), errno: EINVAL)
+            throw StartupError(.schemaBehind, message: PostgresStore.describe(status), errno: EINVAL)
         }
         let notifier = self.notifier
         let logger = self.logger

@@ -1,4 +1,5 @@
 import MetricsdHTTP
+import HealthMetrics
 import Logging
 import MetricsdPostgres
 import ServiceLifecycle
@@ -31,7 +32,7 @@ package struct InstanceHeartbeat: Service {
                 failing = false
             } catch {
                 if !failing {
-                    self.logger.warning("Heartbeat not recorded", metadata: ["metricsd.error": "\(error)"])
+                    self.logger.warning("Heartbeat not recorded", metadata: .errorFields(error))
                 }
                 failing = true
             }

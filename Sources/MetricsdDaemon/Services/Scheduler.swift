@@ -135,7 +135,7 @@ public struct Scheduler: Service {
             self.status.database(nil)
         } catch {
             self.status.database(Self.shortReason(error))
-            self.logger.warning("Scheduler tick failed", metadata: ["metricsd.error": "\(error)"])
+            self.logger.warning("Scheduler tick failed", metadata: .errorFields(error))
         }
     }
 
@@ -179,7 +179,7 @@ public struct Scheduler: Service {
                 self.reporter.recordFailure(claimed)
                 self.status.database(Self.shortReason(error))
                 var metadata = claimed.map(Self.metadata) ?? [:]
-                metadata["metricsd.error"] = "\(error)"
+                metadata.merge(.errorFields(error)) { $1 }
                 self.logger.warning("Worker failed; retrying", metadata: metadata)
                 if let work = claimed {
                     let message = "\(error)"

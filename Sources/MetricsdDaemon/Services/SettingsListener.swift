@@ -1,4 +1,5 @@
 import MetricsdHTTP
+import HealthMetrics
 import Logging
 import MetricsdPostgres
 import ServiceLifecycle
@@ -48,7 +49,7 @@ package struct SettingsListener: Service {
             } catch {
                 let problem = "\(error)"
                 if problem != lastProblem {
-                    self.logger.warning("Settings listener disconnected; retrying", metadata: ["metricsd.error": "\(problem)"])
+                    self.logger.warning("Settings listener disconnected; retrying", metadata: .errorFields(error))
                     lastProblem = problem
                 }
                 failures += 1

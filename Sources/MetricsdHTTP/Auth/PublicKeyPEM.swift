@@ -14,7 +14,7 @@ enum PublicKeyPEM {
 
     init(_ pem: String) throws(TokenKeyError) {
         if pem.contains("PRIVATE KEY") {
-            throw TokenKeyError("the JWT public key file holds a private key: give metricsd only the public key")
+            throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
         }
         if let key = try? EdDSA.PublicKey(pem: pem) {
             self = .eddsa(key)
@@ -25,11 +25,11 @@ enum PublicKeyPEM {
                 self = .rs256(try Insecure.RSA.PublicKey(pem: pem))
             } catch {
                 if Self.looksLikeRSA(pem) {
-                    throw TokenKeyError(
+                    throw TokenKeyError.unusablePublicKey(
                         "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
                     )
                 }
-                throw TokenKeyError("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
+                throw TokenKeyError.unusablePublicKey("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
             }
         }
     }

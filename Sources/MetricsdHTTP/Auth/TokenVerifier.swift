@@ -42,7 +42,7 @@ public struct TokenVerifier: Sendable {
             algorithms[algorithm.name] = algorithm
         }
         guard !algorithms.isEmpty else {
-            throw TokenKeyError(
+            throw TokenKeyError.noKey(
                 "no JWT verification key: set $CREDENTIALS_DIRECTORY/jwt-secret, METRICSD_JWT_SECRET_FILE, METRICSD_JWT_SECRET or METRICSD_JWT_PUBLIC_KEY_FILE"
             )
         }
@@ -57,7 +57,7 @@ public struct TokenVerifier: Sendable {
         do {
             return try await keys.getKey()
         } catch {
-            throw TokenKeyError("JWT key could not be loaded")
+            throw TokenKeyError.unusablePublicKey("JWT key could not be loaded")
         }
     }
 
@@ -70,30 +70,40 @@ public struct TokenVerifier: Sendable {
         }
     }
 
+    /// Whether ``verify(_:now:)`` answers `token` within a few microseconds, so that it may run on an event loop:
+    /// the usual header of an HS256 token (one MAC), or of an algorithm not accepted, and anything that is not
+    /// three parts (refused at once). An accepted asymmetric algorithm's signature (tens to hundreds of
+    /// microseconds) and an unusual header (decoded as JSON) are not.
+    public func checksQuickly(_ token: Substring) -> Bool {
+        guard let parts = Self.threeParts(token), token.utf8.count <= 8192 else { return true }
+        guard let alg = Self.commonHeader(parts.header) else { return false }
+        return alg == "HS256" || self.algorithms[alg] == nil
+    }
+
     /// Verifies a compact JWS and returns its user id (`sub`).
     /// - Parameter now: seconds since 1970 (tests pass their own).
     public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
         let parts = Self.threeParts(token)
-        guard let parts, token.utf8.count <= 8192 else { throw TokenError("malformed token") }
+        guard let parts, token.utf8.count <= 8192 else { throw TokenError(.malformed, "malformed token") }
         let alg: String
         if let known = Self.commonHeader(parts.header) {
             alg = known  // the usual header, character for character: nothing to decode
         } else {
-            guard let headerData = Base64URL.decode(parts.header) else { throw TokenError("malformed token") }
+            guard let headerData = Base64URL.decode(parts.header) else { throw TokenError(.malformed, "malformed token") }
             // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
             guard JSONObjectNames.hasDuplicates(headerData) == false,
                 let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
             else {
-                throw TokenError("malformed token header")
+                throw TokenError(.malformedHeader, "malformed token header")
             }
-            guard header.crit == nil else { throw TokenError("unsupported critical header") }
+            guard header.crit == nil else { throw TokenError(.criticalHeader, "unsupported critical header") }
             alg = header.alg
         }
         guard let algorithm = self.algorithms[alg] else {
-            throw TokenError("token algorithm \(Self.shown(alg)) is not accepted")
+            throw TokenError(.algorithmNotAccepted, "token algorithm \(Self.shown(alg)) is not accepted")
         }
         guard let payloadData = Base64URL.decode(parts.payload), let signature = Base64URL.decode(parts.signature)
-        else { throw TokenError("malformed token") }
+        else { throw TokenError(.malformed, "malformed token") }
         let signed = parts.header.utf8.count + 1 + parts.payload.utf8.count
         let valid: Bool
         if alg == "HS256", var mac = self.keyedHMAC {
@@ -104,18 +114,18 @@ public struct TokenVerifier: Sendable {
         } else {
             valid = (try? algorithm.verify(signature, signs: Array(token.utf8.prefix(signed)))) ?? false
         }
-        guard valid else { throw TokenError("invalid token signature") }
+        guard valid else { throw TokenError(.badSignature, "invalid token signature") }
         // RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
         // refused, whichever reader would have read it.
         let claims: JWTClaims
         switch JWTClaims.read(payloadData) {
         case .claims(let plain): claims = plain
-        case .duplicateName: throw TokenError("token repeats a claim name")
+        case .duplicateName: throw TokenError(.repeatedClaim, "token repeats a claim name")
         case .notPlain:
-            guard let names = JSONObjectNames.hasDuplicates(payloadData) else { throw TokenError("malformed token payload") }
-            guard !names else { throw TokenError("token repeats a claim name") }
+            guard let names = JSONObjectNames.hasDuplicates(payloadData) else { throw TokenError(.malformedPayload, "malformed token payload") }
+            guard !names else { throw TokenError(.repeatedClaim, "token repeats a claim name") }
             guard var decoded = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
-                throw TokenError("malformed token payload")
+                throw TokenError(.malformedPayload, "malformed token payload")
             }
             // The decoder reads every number as a Double (`1.0000000000000001` would be user 1, `1e3` user 1000): a
             // numeric subject counts only when written as an integer literal, digits without fraction or exponent.
@@ -124,19 +134,19 @@ public struct TokenVerifier: Sendable {
             }
             claims = decoded
         }
-        guard let exp = claims.exp?.seconds else { throw TokenError("token has no valid exp claim") }
-        guard now <= exp + self.leeway else { throw TokenError("token expired") }
+        guard let exp = claims.exp?.seconds else { throw TokenError(.noExpiry, "token has no valid exp claim") }
+        guard now <= exp + self.leeway else { throw TokenError(.expired, "token expired") }
         if let nbfValue = claims.nbf {
-            guard let nbf = nbfValue.seconds else { throw TokenError("token nbf claim is not a time") }
-            guard now + self.leeway >= nbf else { throw TokenError("token is not valid yet") }
+            guard let nbf = nbfValue.seconds else { throw TokenError(.badNotBefore, "token nbf claim is not a time") }
+            guard now + self.leeway >= nbf else { throw TokenError(.notYetValid, "token is not valid yet") }
         }
         if let issuer = self.issuer {
-            guard claims.iss?.string == issuer else { throw TokenError("token issuer is not accepted") }
+            guard claims.iss?.string == issuer else { throw TokenError(.issuerNotAccepted, "token issuer is not accepted") }
         }
         if let audience = self.audience {
-            guard claims.aud?.values.contains(audience) == true else { throw TokenError("token audience is not accepted") }
+            guard claims.aud?.values.contains(audience) == true else { throw TokenError(.audienceNotAccepted, "token audience is not accepted") }
         }
-        guard let userID = claims.sub?.userID else { throw TokenError("token subject is not a user id") }
+        guard let userID = claims.sub?.userID else { throw TokenError(.subjectNotUserID, "token subject is not a user id") }
         return userID
     }
 

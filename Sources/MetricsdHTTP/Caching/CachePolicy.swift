@@ -47,8 +47,8 @@ extension CachePolicy {
     /// A `200` of an endpoint with a validator gets its strong `ETag`; when the request is a GET or HEAD whose
     /// `If-None-Match` matches it (RFC 9110 §13.1.2: `*`, or a listed tag by weak comparison), the reply becomes
     /// `304 Not Modified` with the same caching headers and tag and no body. The tag is computed from the body
-    /// the handler built, so a `304` costs the database what a `200` does (one read) and saves the body's bytes
-    /// on the wire.
+    /// the handler built (or given by the endpoint, computed once, for a body that never changes), so a `304`
+    /// costs the database what a `200` does (one read) and saves the body's bytes on the wire.
     func prepare(_ reply: inout Reply, method: HTTPRequest.Method, ifNoneMatch: [String]?) {
         guard (200..<300).contains(reply.status.code) else {
             reply.headers[.cacheControl] = CachePolicy.noStore.cacheControl
@@ -56,7 +56,7 @@ extension CachePolicy {
         }
         self.apply(to: &reply.headers)
         guard self.hasValidator, reply.status == .ok else { return }
-        let tag = EntityTag.strong(of: reply.body)
+        let tag = reply.entityTag ?? EntityTag.strong(of: reply.body)
         reply.headers[.eTag] = tag.description
         guard method == .get || method == .head, let ifNoneMatch,
             let condition = IfNoneMatch(fieldLines: ifNoneMatch), condition.matches(tag)

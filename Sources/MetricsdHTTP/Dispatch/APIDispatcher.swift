@@ -18,8 +18,8 @@ package struct ConnectionContext: Sendable {
 ///
 /// In order: the request id; the route (404, 405 with `Allow`, 501 for CONNECT; HEAD is answered as GET); the
 /// in-flight limit (a fast 503 with `Retry-After` instead of a queue); authentication (401 with
-/// `WWW-Authenticate`); the endpoint's handler; errors mapped to `{"error": …, "statusCode": …}` (an unexpected
-/// one is a 500 naming the request id, its detail logged); then the `metricsd_http_*` metrics and the request log
+/// `WWW-Authenticate`); the endpoint's handler; errors mapped to `{"error": …, "statusCode": …, "code": …}` (an
+/// unexpected one is a 500 naming the request id, its detail logged); then the `metricsd_http_*` metrics and the request log
 /// line. The reply is handed back on the connection's event loop; the connection adds the common headers.
 ///
 /// The busiest request, `GET /v1/profile/metrics/today`, is answered without a task: the token is checked on the
@@ -71,48 +71,65 @@ final class APIDispatcher: Sendable {
             endpoint = found
             parameter = value
         case .methodNotAllowed(let allowed):
-            var error = AppError(.methodNotAllowed, "method \(method.rawValue) is not allowed here")
+            var error = AppError(.methodNotAllowed, .methodNotAllowed, "method \(method.rawValue) is not allowed here")
             error.headers[.allow] = allowed.joined(separator: ", ")
             finish(.error(error), route: "unmatched", userID: nil)
             return
         case .notImplemented:
-            finish(.error(AppError(.notImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.notImplemented, .methodNotImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
             return
         case .notFound:
             let shown = Self.shownPath(RouteTable.path(of: head.uri))
-            finish(.error(AppError(.notFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.notFound, .routeNotFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
             return
         }
         guard self.inFlight.enter(limit: self.maxInFlight) else {
-            finish(.error(AppError.unavailable("server busy, retry shortly")), route: "shed", userID: nil)
+            finish(.error(AppError.unavailable(.busy, "server busy, retry shortly")), route: "shed", userID: nil)
             return
         }
-        let route = endpoint.route
         var userID: Int64?
         do throws(AppError) {
             switch endpoint.access {
             case .open: break
             case .user:
-                userID = try self.authenticatedUser(fields.authorization, requestID: requestID)
+                let token = try bearerToken(fields.authorization)
+                let tokens = self.credentials.current.tokens
+                guard tokens.checksQuickly(token) else {
+                    self.verifyElsewhere(
+                        token, with: tokens, endpoint: endpoint, parameter: parameter, head: head, body: body,
+                        ifNoneMatch: fields.ifNoneMatch, requestID: requestID, finish: finish, connection: connection)
+                    return
+                }
+                userID = try self.verifiedUser(token, with: tokens, requestID: requestID)
             case .admin:
                 let token = try bearerToken(fields.authorization)
                 guard let check = self.credentials.current.admin, check.matches(token) else {
                     Self.requestLogger(self.logger, requestID: requestID, userID: nil).notice("Admin token refused")
-                    throw AppError.unauthorized("invalid admin token")
+                    throw AppError.unauthorized(.adminTokenInvalid, "invalid admin token")
                 }
             }
         } catch {
             self.inFlight.leave()
-            finish(.error(error), route: route, userID: nil)
+            finish(.error(error), route: endpoint.route, userID: nil)
             return
         }
-        let user = userID
+        self.run(
+            endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: fields.ifNoneMatch, requestID: requestID,
+            userID: userID, finish: finish, connection: connection)
+    }
+
+    /// The endpoint's handler, once the request passed routing, the in-flight limit and authentication; on the
+    /// connection's event loop.
+    private func run(
+        _ endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead, body: ByteBuffer, ifNoneMatch: [String]?,
+        requestID: String, userID user: Int64?, finish: Finish, connection: ConnectionContext
+    ) {
         let request = EndpointRequest(
             head: head, body: body, parameter: parameter, requestID: requestID, userID: user,
             eventLoop: connection.eventLoop, logger: self.logger)
         let done = Done(
-            dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: route,
-            request: request, caching: endpoint.caching, ifNoneMatch: fields.ifNoneMatch)
+            dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: endpoint.route,
+            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch)
         switch endpoint.handler {
         case .immediate(let handle):
             let reply: Reply
@@ -135,6 +152,35 @@ final class APIDispatcher: Sendable {
         }
     }
 
+    /// A token whose check would hold the event loop (an asymmetric signature: ES256, EdDSA, RS256 take tens to
+    /// hundreds of microseconds, an HS256 MAC about one) is checked in the connection's task; the request then
+    /// goes on from the event loop as any other (scripts/bench, step eventloop).
+    private func verifyElsewhere(
+        _ token: Substring, with tokens: TokenVerifier, endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead,
+        body: ByteBuffer, ifNoneMatch: [String]?, requestID: String, finish: Finish, connection: ConnectionContext
+    ) {
+        let bound = NIOLoopBound(finish, eventLoop: connection.eventLoop)
+        let accepted = connection.worker.submit {
+            let verified = Result { () throws(AppError) -> Int64 in try self.verifiedUser(token, with: tokens, requestID: requestID) }
+            connection.eventLoop.execute {
+                switch verified {
+                case .success(let userID):
+                    self.run(
+                        endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: ifNoneMatch,
+                        requestID: requestID, userID: userID, finish: bound.value, connection: connection)
+                case .failure(let error):
+                    self.inFlight.leave()
+                    bound.value(.error(error), route: endpoint.route, userID: nil)
+                }
+            }
+        }
+        // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
+        if !accepted {
+            self.inFlight.leave()
+            finish(.error(AppError.unavailable(.connectionClosed, "connection closed")), route: endpoint.route, userID: nil)
+        }
+    }
+
     /// A request the connection answers before reading its body (over the size limit, an unknown expectation);
     /// `completion` runs at once.
     func refuse(
@@ -147,9 +193,9 @@ final class APIDispatcher: Sendable {
             dispatcher: self, method: method, requestID: requestID, client: client, started: .now, completion: completion)
         switch refusal {
         case .bodyTooLarge:
-            finish(.error(AppError(.contentTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
+            finish(.error(AppError(.contentTooLarge, .bodyTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
         case .expectationFailed:
-            finish(.error(AppError(.expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
+            finish(.error(AppError(.expectationFailed, .expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
         }
     }
 
@@ -165,7 +211,7 @@ final class APIDispatcher: Sendable {
             done(reply)
         }
         // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
-        if !accepted { done(.error(AppError.unavailable("connection closed"))) }
+        if !accepted { done(.error(AppError.unavailable(.connectionClosed, "connection closed"))) }
     }
 
     /// The end of a request that passed the in-flight limit: gives its slot back, then ``Finish``; on the
@@ -216,7 +262,7 @@ final class APIDispatcher: Sendable {
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(
                 method: self.method, route: route, status: status, started: self.started, userID: userID,
-                requestID: self.requestID, client: self.client)
+                requestID: self.requestID, client: self.client, errorCode: reply.errorCode)
             self.completion(reply, self.requestID)
         }
     }
@@ -224,14 +270,13 @@ final class APIDispatcher: Sendable {
     // MARK: Authentication
 
     /// The user id (`sub`) of a bearer token, or the 401 to answer, its reason logged at debug level.
-    func authenticatedUser(_ authorization: String?, requestID: String) throws(AppError) -> Int64 {
-        let token = try bearerToken(authorization)
+    func verifiedUser(_ token: Substring, with tokens: TokenVerifier, requestID: String) throws(AppError) -> Int64 {
         do {
-            return try self.credentials.current.tokens.verify(token)
+            return try tokens.verify(token)
         } catch {
             let logger = Self.requestLogger(self.logger, requestID: requestID, userID: nil)
-            logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)"])
-            throw AppError.unauthorized(error.message)
+            logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)", "metricsd.error.code": "\(error.errorCode)"])
+            throw AppError.unauthorized(.token(error.reason), error.message)
         }
     }
 
@@ -248,15 +293,17 @@ final class APIDispatcher: Sendable {
         switch error {
         case let error as AppError:
             if error.status.code >= 500 {
-                logger.warning("Request failed", metadata: ["metricsd.error": "\(error.message)"])
+                logger.warning("Request failed", metadata: .errorFields(error.message, code: error.errorCode))
             }
             return error
         case let error as any ClientFacingError where error.clientError != nil:
-            logger.warning("Request failed", metadata: ["metricsd.error": "\(error)"])
+            logger.warning("Request failed", metadata: .errorFields(error))
             return error.clientError!
         default:
-            logger.error("Unhandled error", metadata: ["metricsd.error": "\(String(reflecting: error))"])
-            return AppError(.internalServerError, "internal server error (request \(requestID))")
+            // The log line carries the failure's own code when it has one, else the 500's.
+            let code = (error as? any CodedError)?.errorCode ?? AppError.Code.internalError.rawValue
+            logger.error("Unhandled error", metadata: .errorFields(String(reflecting: error), code: code))
+            return AppError(.internalServerError, .internalError, "internal server error (request \(requestID))")
         }
     }
 }

@@ -94,7 +94,7 @@ package struct EndpointRequest: Sendable {
 
     /// The authenticated user id; only `Endpoint.Access.user` endpoints call this.
     package func user() throws(AppError) -> Int64 {
-        guard let userID = self.userID else { throw AppError.unauthorized("missing bearer token") }
+        guard let userID = self.userID else { throw AppError.unauthorized(.tokenMissing, "missing bearer token") }
         return userID
     }
 }
@@ -105,11 +105,17 @@ package struct Reply: Sendable {
     package var status: HTTPResponse.Status
     var headers: HTTPFields
     var body: ByteBuffer
+    /// The error's stable code for an error reply (the request log carries it), nil otherwise.
+    var errorCode: String?
+    /// The strong tag of a body that never changes, computed once by its endpoint (`/openapi.yaml`); nil: the
+    /// tag, when the endpoint's ``CachePolicy`` has one, is computed from the body.
+    var entityTag: EntityTag?
 
-    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer) {
+    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer, entityTag: EntityTag? = nil) {
         self.status = status
         self.headers = headers
         self.body = body
+        self.entityTag = entityTag
     }
 
     /// A JSON body, ended by a newline (so that two answers printed by curl do not run together).
@@ -117,9 +123,11 @@ package struct Reply: Sendable {
         Reply(status: status, headers: headers, body: Self.line(text))
     }
 
-    /// The error body `{"error": "message", "statusCode": N}` with the error's headers.
+    /// The error body `{"error": "message", "statusCode": N, "code": "…"}` with the error's headers.
     static func error(_ error: AppError) -> Reply {
-        Reply(status: error.status, headers: error.headers, body: Self.line(error.body))
+        var reply = Reply(status: error.status, headers: error.headers, body: Self.line(error.body))
+        reply.errorCode = error.code.rawValue
+        return reply
     }
 
     /// `text` and a newline in one buffer.

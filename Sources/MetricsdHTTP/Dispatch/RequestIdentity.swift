@@ -110,11 +110,11 @@ extension HTTPRequest.Method {
 /// The bearer token of an `Authorization` header value, or a 401 saying what is wrong with it.
 func bearerToken(_ header: String?) throws(AppError) -> Substring {
     guard let header else {
-        throw AppError.unauthorized("missing bearer token")
+        throw AppError.unauthorized(.tokenMissing, "missing bearer token")
     }
     let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
     guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else {
-        throw AppError.unauthorized("malformed Authorization header: expected 'Bearer <token>'")
+        throw AppError.unauthorized(.authorizationMalformed, "malformed Authorization header: expected 'Bearer <token>'")
     }
     return parts[1]
 }

@@ -18,10 +18,11 @@ public enum RequestLogMode: String, Sendable, CaseIterable {
 }
 
 /// One structured line per request, the same for every route: method, route template, status, duration, the
-/// user id when authenticated, the request id and the client's address, as journal fields (`HTTP_METHOD`,
-/// `HTTP_ROUTE`, `HTTP_STATUS`, `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`, `HTTP_CLIENT`), so
-/// `journalctl -u metricsd USER_ID=42` finds a user's requests. The client is the connection's peer, or behind a
-/// trusted proxy the address it forwarded (``TrustedProxies``).
+/// user id when authenticated, the request id, the client's address and an error reply's code, as journal fields
+/// (`HTTP_METHOD`, `HTTP_ROUTE`, `HTTP_STATUS`, `HTTP_DURATION_MS`, `USER_ID`, `REQUEST_ID`, `HTTP_CLIENT`,
+/// `ERROR_CODE`), so `journalctl -u metricsd USER_ID=42` finds a user's requests and `ERROR_CODE=token.expired`
+/// every expired token. The client is the connection's peer, or behind a trusted proxy the address it forwarded
+/// (``TrustedProxies``).
 ///
 /// The mode changes on reload (SIGHUP). Lines are written at `info` whatever `METRICSD_LOG_LEVEL` says: the
 /// request log has its own switch.
@@ -45,7 +46,7 @@ public final class RequestLog: Sendable {
 
     func record(
         method: HTTPRequest.Method, route: String, status: Int, started: ContinuousClock.Instant, userID: Int64?,
-        requestID: String, client: String = ""
+        requestID: String, client: String = "", errorCode: String? = nil
     ) {
         switch self.mode {
         case .off: return
@@ -62,6 +63,7 @@ public final class RequestLog: Sendable {
         ]
         if !client.isEmpty { metadata["metricsd.http.client"] = .string(client) }
         if let userID { metadata["metricsd.user.id"] = .stringConvertible(userID) }
+        if let errorCode { metadata["metricsd.error.code"] = .string(errorCode) }
         self.logger.log(
             level: .info, "\(method.rawValue) \(route) \(status) \(milliseconds) ms", metadata: metadata)
     }

@@ -33,7 +33,7 @@ final class ConnectionRefusal: ChannelDuplexHandler {
     typealias OutboundOut = ByteBuffer
 
     static let reply: ByteBuffer = {
-        let body = #"{"error":"server busy: too many connections, retry shortly","statusCode":503}"# + "\n"
+        let body = AppError.unavailable(.tooManyConnections, "server busy: too many connections, retry shortly").body + "\n"
         return ByteBuffer(
             string: "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
                 + "Retry-After: 1\r\nConnection: close\r\n\r\n" + body)
