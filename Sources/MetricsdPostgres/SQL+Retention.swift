@@ -59,15 +59,28 @@ extension SQL {
     /// the same user and formula version computed more than three days before now — so the newest row of each
     /// user and version stays, and so does any row whose newer ones are recent (only a recent row can be removed
     /// by anything else: a time zone change removes rows dated after the user's current date). Rows are found
-    /// through `profile_metrics_date_user_version_key` (a date's rows lie together), the newer row through
-    /// `profile_metrics_user_computed_at_idx`. Deleting takes only the removed rows' locks: no read or write of a
-    /// current row waits on it. `$1` now, `$2` chunk id, `$3` owner, `$8` lease seconds.
+    /// through `profile_metrics_date_version_user_key`, where a date's rows lie together by formula version: the
+    /// versions of the date are found by one probe each, each version's next users by a range scan, and the page is
+    /// the first of them by user id. The newer row is found through `profile_metrics_user_computed_at_idx`.
+    /// Deleting takes only the removed rows' locks: no read or write of a current row waits on it. `$1` now, `$2`
+    /// chunk id, `$3` owner, `$8` lease seconds.
     /// Returns: fenced (0 or 1), rows removed, whether this was the chunk's last batch, the new cursor.
     static let retentionBatch = """
-        WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
+        WITH RECURSIVE clock AS (SELECT coalesce($1::timestamptz, now()) AS now),
+        versions (v) AS (
+          SELECT min(version) FROM profile_metrics WHERE metrics_date = $5::date
+          UNION ALL
+          SELECT (SELECT min(version) FROM profile_metrics WHERE metrics_date = $5::date AND version > d.v)
+          FROM versions d WHERE d.v IS NOT NULL
+        ),
         page AS (
-          SELECT user_id FROM profile_metrics WHERE metrics_date = $5::date AND user_id > $4
-          ORDER BY user_id LIMIT $6
+          SELECT p.user_id
+          FROM versions d
+          CROSS JOIN LATERAL (SELECT user_id FROM profile_metrics
+                              WHERE metrics_date = $5::date AND version = d.v AND user_id > $4
+                              ORDER BY user_id LIMIT $6) p
+          WHERE d.v IS NOT NULL
+          ORDER BY p.user_id LIMIT $6
         ),
         edge AS (
           SELECT count(*) < $6 AS last_batch,
@@ -87,7 +100,8 @@ extension SQL {
         removed AS (
           DELETE FROM profile_metrics pm
           WHERE EXISTS (SELECT 1 FROM fence)
-            AND pm.metrics_date = $5::date AND pm.user_id > $4
+            AND pm.metrics_date = $5::date AND pm.version = ANY ((SELECT array_agg(v) FROM versions WHERE v IS NOT NULL)::int[])
+            AND pm.user_id > $4
             AND pm.user_id <= coalesce((SELECT upto FROM edge), 9223372036854775807)
             AND pm.computed_at < (SELECT cutoff FROM retention_runs WHERE id = $7)
             AND EXISTS (SELECT 1 FROM profile_metrics w
