@@ -37,7 +37,7 @@ struct RefreshCredentials: ParsableCommand {
             do {
                 expiry = try TLSIdentity.validate(certificate: texts[0], key: texts[1])
             } catch {
-                throw ConfigurationError("\(sources[0]), \(sources[1]): \(error.message)")
+                throw ConfigurationError(.tlsCertificateInvalid, "\(sources[0]), \(sources[1]): \(error.message)")
             }
             let directory = Secrets.refreshDirectory(environment: environment)
             try Self.install(zip(ids, texts).map { ($0, $1) }, in: directory)
@@ -54,27 +54,27 @@ struct RefreshCredentials: ParsableCommand {
         let parent = HostEnvironment.directory(of: directory)
         var owner = stat()
         guard stat(parent, &owner) == 0 else {
-            throw ConfigurationError("\(parent) does not exist: is metricsd running? (\(Secrets.reason(errno)))")
+            throw ConfigurationError(.credentialsRefreshFailed, "\(parent) does not exist: is metricsd running? (\(Secrets.reason(errno)))")
         }
         if mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            throw ConfigurationError("cannot create \(directory) (\(Secrets.reason(errno)))")
+            throw ConfigurationError(.credentialsRefreshFailed, "cannot create \(directory) (\(Secrets.reason(errno)))")
         }
         guard chown(directory, owner.st_uid, owner.st_gid) == 0, chmod(directory, 0o700) == 0 else {
-            throw ConfigurationError("cannot give \(directory) to the service's user (\(Secrets.reason(errno)))")
+            throw ConfigurationError(.credentialsRefreshFailed, "cannot give \(directory) to the service's user (\(Secrets.reason(errno)))")
         }
         for (name, text) in files {
             let path = directory + "/" + name
             let temporary = path + ".new"
             unlink(temporary)
             let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o400)
-            guard descriptor >= 0 else { throw ConfigurationError("cannot write \(temporary) (\(Secrets.reason(errno)))") }
+            guard descriptor >= 0 else { throw ConfigurationError(.credentialsRefreshFailed, "cannot write \(temporary) (\(Secrets.reason(errno)))") }
             let bytes = Array((text + "\n").utf8)
             let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
             let chowned = fchown(descriptor, owner.st_uid, owner.st_gid) == 0
             close(descriptor)
             guard written == bytes.count, chowned, rename(temporary, path) == 0 else {
                 unlink(temporary)
-                throw ConfigurationError("cannot write \(path) (\(Secrets.reason(errno)))")
+                throw ConfigurationError(.credentialsRefreshFailed, "cannot write \(path) (\(Secrets.reason(errno)))")
             }
         }
     }

@@ -24,7 +24,7 @@ extension ConfigCheck {
             primary = try? ConnectionSettings(conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
         } catch {
             if !self.problems.contains(where: { $0.setting == "METRICSD_READ_DATABASE_URL" }) {
-                self.problem("METRICSD_READ_DATABASE_URL", error.message)
+                self.problem("METRICSD_READ_DATABASE_URL", .readDatabaseURLInvalid, error.message)
             }
             return
         }
@@ -37,7 +37,7 @@ extension ConfigCheck {
         for (server, result) in zip(servers, results) {
             switch result {
             case .success(let text): self.note("read server", "\(server.label): \(text)")
-            case .failure(let error): self.problem("METRICSD_READ_DATABASE_URL", "\(server.label): \(error.message)")
+            case .failure(let error): self.problem("METRICSD_READ_DATABASE_URL", error.errorCode, "\(server.label): \(error.message)")
             }
         }
     }

@@ -98,10 +98,10 @@ public struct ConfigCheck: Sendable {
                         let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap { $0 }
                         check.note("tls", "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(expiry))")
                         if tls.onInternal && configuration.internalListen == nil {
-                            check.problem("METRICSD_TLS", "\(tls.onPublic ? "both" : "internal"), but there is no internal listener (METRICSD_INTERNAL_LISTEN)")
+                            check.problem("METRICSD_TLS", .invalidValue, "\(tls.onPublic ? "both" : "internal"), but there is no internal listener (METRICSD_INTERNAL_LISTEN)")
                         }
                     } catch {
-                        check.problem("METRICSD_TLS", error.message)
+                        check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.message)
                     }
                 }
                 let budget = DescriptorBudget(

@@ -4,7 +4,7 @@ extension Configuration {
     /// `METRICSD_LISTEN` must be `host:port`: clients, the health check and `check-config` reach it over TCP.
     static func publicListener(_ address: ListenAddress) throws(ConfigurationError) -> ListenAddress {
         guard let path = address.unixPath else { return address }
-        throw ConfigurationError("METRICSD_LISTEN='unix:\(path)' is not valid: expected host:port, e.g. 127.0.0.1:8080")
+        throw ConfigurationError(.invalidValue, "METRICSD_LISTEN='unix:\(path)' is not valid: expected host:port, e.g. 127.0.0.1:8080")
     }
 
     /// `METRICSD_INTERNAL_LISTEN`, or its former name `METRICSD_METRICS_LISTEN` (not both).
@@ -14,7 +14,7 @@ extension Configuration {
         let former = try reader.parseOptional("METRICSD_METRICS_LISTEN", expected: expected) { ListenAddress(parsing: $0) }
         if current != nil && former != nil {
             throw ConfigurationError(
-                "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN: set only METRICSD_INTERNAL_LISTEN")
+                .invalidValue, "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN: set only METRICSD_INTERNAL_LISTEN")
         }
         return current ?? former
     }
@@ -37,7 +37,7 @@ public struct TLSSettings: Sendable {
         let key = try Secrets.read(credential: "tls-key", file: "METRICSD_TLS_KEY_FILE", variable: nil, environment: environment)
         guard let certificate, let key else {
             throw ConfigurationError(
-                "METRICSD_TLS needs a certificate and its key: the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate, /etc/credstore/metricsd-tls-key; LoadCredential= in the unit), or METRICSD_TLS_CERTIFICATE_FILE and METRICSD_TLS_KEY_FILE")
+                .tlsIncomplete, "METRICSD_TLS needs a certificate and its key: the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate, /etc/credstore/metricsd-tls-key; LoadCredential= in the unit), or METRICSD_TLS_CERTIFICATE_FILE and METRICSD_TLS_KEY_FILE")
         }
         return (certificate, key)
     }

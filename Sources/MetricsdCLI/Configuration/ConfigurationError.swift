@@ -37,6 +37,12 @@ public struct ConfigurationError: CodedError, Sendable {
         case openFiles = "config.open_files"
         /// A listener address that is in use by another program or cannot be bound (`check-config`).
         case listenUnavailable = "config.listen_unavailable"
+        /// `METRICSD_TLS` is on without both a certificate and its key.
+        case tlsIncomplete = "config.tls_incomplete"
+        /// The TLS certificate or key cannot be used: not PEM, not a pair, or the certificate has expired.
+        case tlsCertificateInvalid = "config.tls_certificate_invalid"
+        /// `refresh-credentials` cannot write the refreshed copies into the service's runtime directory.
+        case credentialsRefreshFailed = "config.credentials_refresh_failed"
     }
 
     public let kind: Kind

@@ -113,11 +113,11 @@ public struct Setting: Sendable {
             }
         case .listener:
             guard ListenAddress(parsing: value) != nil else {
-                return "must be host:port or unix:/absolute/path (e.g. 127.0.0.1:9464, unix:/run/metricsd/internal.sock), got \(EnvironmentReader.shown(value))"
+                return invalid("must be host:port or unix:/absolute/path (e.g. 127.0.0.1:9464, unix:/run/metricsd/internal.sock), got \(EnvironmentReader.shown(value))")
             }
         case .networks:
             guard TrustedProxies(parsing: value) != nil else {
-                return "must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))"
+                return invalid("must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))")
             }
         case .dailyTime:
             guard DailyTime(parsing: value) != nil else { return invalid("must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))") }

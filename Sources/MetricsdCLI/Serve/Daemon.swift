@@ -43,7 +43,8 @@ public enum Daemon {
         do {
             readServers = try configuration.readServers(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", errno: EINVAL, notifier: early)
+            return Self.fatal(
+                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
         }
         // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
         let budget = DescriptorBudget(configuration: configuration, readServers: readServers.count)
@@ -58,7 +59,9 @@ public enum Daemon {
         do {
             activation = try SocketActivation.fromEnvironment()
         } catch {
-            return Self.fatal("socket activation: \(error)", errno: EBADF, notifier: early)
+            return Self.fatal(
+                "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF, notifier: early,
+                logger: earlyLogger)
         }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
@@ -140,7 +143,10 @@ public enum Daemon {
                 group = try assembly.group()
             } catch {
                 await pool.close()
-                return Self.fatal("configuration error: METRICSD_TLS: \(error)", errno: EINVAL, notifier: notifier, logger: fatalLogger)
+                return Self.fatal(
+                    "configuration error: METRICSD_TLS: \(error)",
+                    code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.tlsCertificateInvalid.rawValue,
+                    errno: EINVAL, notifier: notifier, logger: fatalLogger)
             }
             try await group.run()
             if assembly.databasePrepared.isOpen {

@@ -1,3 +1,4 @@
+import HealthMetrics
 import NIOCore
 import NIOSSL
 import Synchronization
@@ -74,8 +75,10 @@ package final class TLSIdentity: Sendable {
 }
 
 /// A certificate or key that cannot be served; the message says why, in one line.
-package struct TLSIdentityError: Error, CustomStringConvertible, Sendable {
+package struct TLSIdentityError: CodedError, Sendable {
     package let message: String
     init(_ message: String) { self.message = message }
     package var description: String { self.message }
+    /// The same code as the configuration's: the certificate or key from the settings cannot be used.
+    package var errorCode: String { "config.tls_certificate_invalid" }
 }
