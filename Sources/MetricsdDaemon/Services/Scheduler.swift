@@ -96,7 +96,10 @@ public struct Scheduler: Service {
                     }
                 }
                 let slice = min(Duration.seconds(1), self.configuration.tick)
-                try? await Task.sleep(for: min(slice, max(.milliseconds(10), nextTick - ContinuousClock.now)))
+                // Ended by a stop at once: a plain sleep here held every stop (and so every restart, while clients
+                // wait in the socket's backlog) for up to a second.
+                let pause = min(slice, max(.milliseconds(10), nextTick - ContinuousClock.now))
+                try? await cancelWhenGracefulShutdown { try await Task.sleep(for: pause) }
             }
         }
     }

@@ -62,8 +62,10 @@ package struct SettingsListener: Service {
     private func listen(on connection: PostgresConnection, watermark: inout String?) async throws {
         var lastSweep = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            // libpq's wait cannot be interrupted: a stop waits for the end of the current slice, so the slice is
+            // short (a restart holds clients in the socket's backlog that long; ten cheap polls a second).
             let notifications = try await self.pool.runBlocking {
-                try connection.waitForNotifications(timeoutMilliseconds: 500)
+                try connection.waitForNotifications(timeoutMilliseconds: 100)
             }
             var users: Set<Int64> = []
             for notification in notifications {
