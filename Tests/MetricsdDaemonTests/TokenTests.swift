@@ -86,7 +86,7 @@ import Testing
             ("uncommon header", Self.raw(header: #"{"typ":"JWT","kid":"k1","alg":"HS256"}"#, payload: #"{"sub":"42","exp":\#(later)}"#)),
         ]
         // Directly, and over HTTP.
-        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
         for (name, token, reason) in refused {
             #expect(throws: TokenError.self, "\(name)") { try verifier.verify(Substring(token)) }
             do {
@@ -110,9 +110,9 @@ import Testing
     /// an accepted asymmetric signature or a header that must be decoded is checked in the connection's task.
     /// Over HTTP both ways answer alike: 200, or 401 with the reason's code.
     @Test func onlyQuickTokenChecksAreMadeOnTheEventLoop() async throws {
-        let hsOnly = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        let hsOnly = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
         for key in [try await AsymmetricKey.ed25519(), try await AsymmetricKey.p256(), try await AsymmetricKey.rsa()] {
-            let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
+            let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
             let signed = try key.token(Self.valid)
             #expect(!verifier.checksQuickly(Substring(signed)), "\(key.name)")
             #expect(try verifier.verify(Substring(signed)) == Self.user, "\(key.name)")
@@ -196,7 +196,7 @@ import Testing
         let path = try scratchFile("jwt-public-key.pem", key.publicPEM + "\n")
         let configuration = try TokenConfiguration(environment: ["METRICSD_JWT_PUBLIC_KEY_FILE": path])
         #expect(configuration.hmacSecret == nil)
-        #expect(try await TokenVerifier(configuration).acceptedAlgorithms == [algorithm])
+        #expect(try TokenVerifier(configuration).acceptedAlgorithms == [algorithm])
         try await Self.serve(tokens: configuration) { port in
             let token = try key.token(Self.valid)
             let parts = token.split(separator: ".").map(String.init)
@@ -221,6 +221,45 @@ import Testing
                     ("expired", try key.token(SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))),
                 ], status: 401)
         }
+    }
+
+    /// A signature counts only in its algorithm's own form: ES256 is r‖s, 64 bytes (RFC 7518 §3.4), not the DER an
+    /// X.509 library writes; RS256 is RSASSA-PKCS1-v1_5 with SHA-256, not PSS with the same key, nor SHA-384. The
+    /// tokens are minted by jwt-kit; the same key's proper tokens are accepted.
+    @Test func signaturesInAnotherFormAreRefused() async throws {
+        let p256 = try await AsymmetricKey.p256()
+        let esToken = try p256.token(Self.valid)
+        let esParts = esToken.split(separator: ".").map(String.init)
+        let raw = try #require(Self.base64URLDecoded(esParts[2]))
+        #expect(raw.count == 64)
+        let der = try P256.Signing.ECDSASignature(rawRepresentation: raw).derRepresentation
+        let rsa = try Insecure.RSA.PrivateKey(pem: RSATestKey.privatePEM)
+        let rs256Header: [String: Any] = ["alg": "RS256", "typ": "JWT"]
+        let cases: [(String, String, String)] = [
+            ("ES256 signature in DER", p256.publicPEM, esParts[0] + "." + esParts[1] + "." + TestTokens.base64URL(der)),
+            ("ES256 signature with a byte more", p256.publicPEM,
+             esParts[0] + "." + esParts[1] + "." + TestTokens.base64URL(Data(raw + [0]))),
+            ("PS256 signature under an RS256 header", RSATestKey.publicPEM,
+             try SignedTokens.sign(header: rs256Header, claims: Self.valid,
+                                   with: await JWTKeyCollection().add(pss: rsa, digestAlgorithm: .sha256).getKey())),
+            ("RS384 signature under an RS256 header", RSATestKey.publicPEM,
+             try SignedTokens.sign(header: rs256Header, claims: Self.valid,
+                                   with: await JWTKeyCollection().add(rsa: rsa, digestAlgorithm: .sha384).getKey())),
+        ]
+        for (name, pem, token) in cases {
+            let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: pem))
+            do {
+                let userID = try verifier.verify(Substring(token))
+                Issue.record("\(name): accepted as user \(userID)")
+            } catch {
+                #expect(error.reason == .badSignature, "\(name): \(error.message)")
+            }
+        }
+        let rsaKey = try await AsymmetricKey.rsa()
+        #expect(try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: p256.publicPEM)).verify(Substring(esToken)) == Self.user)
+        #expect(
+            try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: rsaKey.publicPEM)).verify(Substring(try rsaKey.token(Self.valid)))
+                == Self.user)
     }
 
     /// The real binary, verifying with a public key file only (no secret at all).
@@ -249,11 +288,11 @@ import Testing
         let path = try scratchFile("jwt-public-key.pem", key.publicPEM)
         let secretFile = DaemonProcess.secrets.directory + "/jwt-secret"
         let both = try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path])
-        #expect(try await TokenVerifier(both).acceptedAlgorithms == ["EdDSA", "HS256"])
+        #expect(try TokenVerifier(both).acceptedAlgorithms == ["EdDSA", "HS256"])
         let keyOnly = try TokenConfiguration(
             environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": "off"])
         #expect(keyOnly.hmacSecret == nil)
-        #expect(try await TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
+        #expect(try TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
         let offWithoutKey = #expect(throws: ConfigurationError.self) {
             try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_HS256": "off"])
         }
@@ -419,7 +458,7 @@ import Testing
             ("digits, spaced", #"{ "sub" : \#(user) , "exp" : \#(later) }"#),
             ("escaped name", #"{"s\u0075b":\#(user),"exp":\#(later)}"#),
         ]
-        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
+        let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
         for (name, payload) in refused {
             do {
                 let userID = try verifier.verify(Substring(Self.raw(payload: payload)))
@@ -538,6 +577,13 @@ import Testing
         case "ES256": try await AsymmetricKey.p256()
         default: try await AsymmetricKey.rsa()
         }
+    }
+
+    /// base64url without padding, decoded.
+    static func base64URLDecoded(_ text: String) -> [UInt8]? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
+        return Data(base64Encoded: base64).map(Array.init)
     }
 
     /// The DER bytes inside a PEM.

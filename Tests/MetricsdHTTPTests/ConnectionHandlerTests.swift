@@ -232,7 +232,7 @@ final class TestConnection {
     private let readCounter = ReadCounter()
 
     init() async throws {
-        let verifier = try await TokenVerifier(TokenConfiguration(hmacSecret: String(repeating: "s", count: 32)))
+        let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: String(repeating: "s", count: 32)))
         let state = self.endpointsState
         let endpoints = [
             Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),

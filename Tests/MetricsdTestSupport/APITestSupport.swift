@@ -35,7 +35,7 @@ package enum APIServer {
         adminToken: String? = APIServer.adminToken, logger: Logger = APIServer.quietLogger,
         requestLog: RequestLogMode = .off, _ body: @escaping @Sendable (Int) async throws -> T
     ) async throws -> T {
-        let verifier = try await TokenVerifier(tokens)
+        let verifier = try TokenVerifier(tokens)
         let credentials = CredentialBox(.init(tokens: verifier, admin: adminToken.map { AdminTokenCheck(token: $0) }))
         let dependencies = HTTPDependencies(
             store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil,
@@ -362,7 +362,7 @@ package enum RSATestKey {
         -----END PUBLIC KEY-----
         """
 
-    /// A 1024-bit RSA public key: too small for RS256 (jwt-kit refuses under 2048 bits).
+    /// A 1024-bit RSA public key: too small for RS256 (metricsd refuses under 2048 bits).
     package static let smallPublicPEM = """
         -----BEGIN PUBLIC KEY-----
         MIGfMA0GCSqGSIb3DQEBAQUAA4GNADCBiQKBgQC+MImLy418aOLTWVRvT+UKuW3m

@@ -90,7 +90,7 @@ public enum Daemon {
         let tokens: TokenVerifier
         let settings: ConnectionSettings
         do {
-            tokens = try await TokenVerifier(configuration.tokens)
+            tokens = try TokenVerifier(configuration.tokens)
             settings = try configuration.connectionSettings(environment: environment)
         } catch {
             return Self.fatal(

@@ -31,7 +31,7 @@ struct Reload: Sendable {
         do {
             let environment = try ConfigFile.merge(into: self.base)
             let configuration = try Configuration(environment: environment)
-            let tokens = try await TokenVerifier(configuration.tokens)
+            let tokens = try TokenVerifier(configuration.tokens)
             if let identity = self.tls {
                 let (certificate, key) = try TLSSettings.read(environment: environment)
                 try identity.replace(certificate: certificate, key: key)

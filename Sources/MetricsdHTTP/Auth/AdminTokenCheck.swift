@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// Compares a presented admin token with the configured one in constant time (SHA-256 of both, then a
 /// byte-wise comparison with no early exit), so response times reveal nothing about the token.

@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// base64url without padding (RFC 7515), decoded by hand: no intermediate strings on the request path.
 enum Base64URL {

@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// The member names of a JSON object, read without decoding its values: for RFC 7515/7519's rule that a
 /// JOSE header or a claims set must not name a member twice (`JSONDecoder` silently keeps one of them).

@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// One JSON value, told apart strictly: a boolean is never a number and a number never a string.
 package enum JSONScalar: Decodable, Equatable {

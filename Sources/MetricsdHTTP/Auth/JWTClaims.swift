@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// The JOSE header fields metricsd looks at.
 struct JWTHeaderFields: Decodable {

@@ -1,36 +1,64 @@
 import Crypto
+import _CryptoExtras
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
-/// A PEM public key metricsd can verify tokens with; parsing it is synchronous, so configuration checks it early.
-enum PublicKeyPEM {
-    case eddsa(EdDSA.PublicKey)
-    case es256(ES256PublicKey)
-    case rs256(JWTKit.Insecure.RSA.PublicKey)
+/// A PEM public key metricsd can verify tokens with, and the one algorithm it is used for; parsing it is
+/// synchronous, so configuration checks it early. swift-crypto parses the keys and checks the signatures.
+enum PublicKeyPEM: Sendable {
+    case eddsa(Curve25519.Signing.PublicKey)
+    case es256(P256.Signing.PublicKey)
+    case rs256(_RSA.Signing.PublicKey)
+
+    /// RS256 keys below this size are refused (RFC 7518 §3.3 requires at least 2048 bits).
+    static let minimumRSABits = 2048
 
     init(_ pem: String) throws(TokenKeyError) {
         if pem.contains("PRIVATE KEY") {
             throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
         }
-        if let key = try? EdDSA.PublicKey(pem: pem) {
+        if let key = try? Curve25519.Signing.PublicKey(pemRepresentation: pem) {
             self = .eddsa(key)
-        } else if let key = try? ES256PublicKey(pem: pem) {
+        } else if let key = try? P256.Signing.PublicKey(pemRepresentation: pem) {
             self = .es256(key)
+        } else if let key = try? _RSA.Signing.PublicKey(pemRepresentation: pem), key.keySizeInBits >= Self.minimumRSABits {
+            self = .rs256(key)
+        } else if Self.looksLikeRSA(pem) {
+            throw TokenKeyError.unusablePublicKey(
+                "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
+            )
         } else {
-            do {
-                self = .rs256(try Insecure.RSA.PublicKey(pem: pem))
-            } catch {
-                if Self.looksLikeRSA(pem) {
-                    throw TokenKeyError.unusablePublicKey(
-                        "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
-                    )
-                }
-                throw TokenKeyError.unusablePublicKey("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
-            }
+            throw TokenKeyError.unusablePublicKey("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
+        }
+    }
+
+    /// The JOSE `alg` this key verifies.
+    var algorithm: String {
+        switch self {
+        case .eddsa: "EdDSA"
+        case .es256: "ES256"
+        case .rs256: "RS256"
+        }
+    }
+
+    /// Whether `signature` (the token's third part, decoded) signs `signed` (the token's first two parts).
+    func isValidSignature(_ signature: [UInt8], signing signed: [UInt8]) -> Bool {
+        switch self {
+        case .eddsa(let key):
+            return key.isValidSignature(signature, for: signed)
+        case .es256(let key):
+            // JOSE's ES256 signature is r‖s, 32 bytes each (RFC 7518 §3.4), not DER: any other length is refused.
+            guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else { return false }
+            return key.isValidSignature(ecdsa, for: SHA256.hash(data: signed))
+        case .rs256(let key):
+            // RS256 is RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3); swift-crypto calls that padding insecure
+            // for new designs, but it is what the algorithm is.
+            return key.isValidSignature(
+                _RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: signed),
+                padding: .insecurePKCS1v1_5)
         }
     }
 

@@ -4,7 +4,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import JWTKit
 
 /// How user tokens are verified (README, "Tokens").
 ///

@@ -5,20 +5,19 @@ import FoundationEssentials
 import Foundation
 #endif
 import Glibc
-import JWTKit
 
 /// Verifies user JWTs with pinned algorithms: HS256 against the shared secret, the public key's own algorithm
 /// against the public key, and nothing else (`none`, or HS256 signed with the public key, are refused before any
 /// signature check).
 ///
-/// Parsing and claim checks are done here, on plain values; jwt-kit provides the keys and signature maths.
+/// Parsing and claim checks are done here, on plain values; swift-crypto provides the keys and signature maths.
+/// (jwt-kit, which the tests use to mint tokens, is not linked into metricsd: it would bring swift-certificates'
+/// X.509 code for nothing, 2 MB of the binary.)
 public struct TokenVerifier: Sendable {
-    private let algorithms: [String: any JWTAlgorithm]
     /// HS256's HMAC, already keyed: each check copies it (copy-on-write state) instead of keying a new one.
-    /// Through jwt-kit's generic signer an HS256 check cost about as much as the rest of the request's token
-    /// handling together (a new HMAC keyed per token, conversions to and from `Data`); swift-crypto's HMAC is
-    /// used directly instead.
     private let keyedHMAC: HMAC<SHA256>?
+    /// The public key, verifying its own algorithm only.
+    private let publicKey: PublicKeyPEM?
     private let issuer: String?
     private let audience: String?
     private let leeway: Int64
@@ -28,46 +27,22 @@ public struct TokenVerifier: Sendable {
         _ = try PublicKeyPEM(pem)
     }
 
-    /// The algorithms accepted, e.g. `["HS256", "EdDSA"]`.
-    public var acceptedAlgorithms: [String] { self.algorithms.keys.sorted() }
+    /// The algorithms accepted, e.g. `["EdDSA", "HS256"]`.
+    public var acceptedAlgorithms: [String] {
+        ((self.keyedHMAC == nil ? [] : ["HS256"]) + [self.publicKey?.algorithm].compactMap { $0 }).sorted()
+    }
 
-    public init(_ configuration: TokenConfiguration) async throws(TokenKeyError) {
-        var algorithms: [String: any JWTAlgorithm] = [:]
-        if let secret = configuration.hmacSecret {
-            let keys = await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
-            algorithms["HS256"] = try await Self.key(keys)
-        }
-        if let pem = configuration.publicKeyPEM {
-            let algorithm = try await Self.publicKeyAlgorithm(pem)
-            algorithms[algorithm.name] = algorithm
-        }
-        guard !algorithms.isEmpty else {
+    public init(_ configuration: TokenConfiguration) throws(TokenKeyError) {
+        self.keyedHMAC = configuration.hmacSecret.map { HMAC<SHA256>(key: SymmetricKey(data: Array($0.utf8))) }
+        self.publicKey = try configuration.publicKeyPEM.map { pem throws(TokenKeyError) in try PublicKeyPEM(pem) }
+        guard self.keyedHMAC != nil || self.publicKey != nil else {
             throw TokenKeyError.noKey(
                 "no JWT verification key: set $CREDENTIALS_DIRECTORY/jwt-secret, METRICSD_JWT_SECRET_FILE, METRICSD_JWT_SECRET or METRICSD_JWT_PUBLIC_KEY_FILE"
             )
         }
-        self.algorithms = algorithms
-        self.keyedHMAC = configuration.hmacSecret.map { HMAC<SHA256>(key: SymmetricKey(data: Array($0.utf8))) }
         self.issuer = configuration.issuer
         self.audience = configuration.audience
         self.leeway = Int64(configuration.leewaySeconds)
-    }
-
-    private static func key(_ keys: JWTKeyCollection) async throws(TokenKeyError) -> any JWTAlgorithm {
-        do {
-            return try await keys.getKey()
-        } catch {
-            throw TokenKeyError.unusablePublicKey("JWT key could not be loaded")
-        }
-    }
-
-    /// The verifier of a PEM public key: Ed25519 (EdDSA), P-256 (ES256) or RSA (RS256, at least 2048 bits).
-    private static func publicKeyAlgorithm(_ pem: String) async throws(TokenKeyError) -> any JWTAlgorithm {
-        switch try PublicKeyPEM(pem) {
-        case .eddsa(let key): return try await Self.key(await JWTKeyCollection().add(eddsa: key))
-        case .es256(let key): return try await Self.key(await JWTKeyCollection().add(ecdsa: key))
-        case .rs256(let key): return try await Self.key(await JWTKeyCollection().add(rsa: key, digestAlgorithm: .sha256))
-        }
     }
 
     /// Whether ``verify(_:now:)`` answers `token` within a few microseconds, so that it may run on an event loop:
@@ -77,7 +52,7 @@ public struct TokenVerifier: Sendable {
     public func checksQuickly(_ token: Substring) -> Bool {
         guard let parts = Self.threeParts(token), token.utf8.count <= 8192 else { return true }
         guard let alg = Self.commonHeader(parts.header) else { return false }
-        return alg == "HS256" || self.algorithms[alg] == nil
+        return alg == "HS256" || self.publicKey?.algorithm != alg
     }
 
     /// Verifies a compact JWS and returns its user id (`sub`).
@@ -99,20 +74,25 @@ public struct TokenVerifier: Sendable {
             guard header.crit == nil else { throw TokenError(.criticalHeader, "unsupported critical header") }
             alg = header.alg
         }
-        guard let algorithm = self.algorithms[alg] else {
+        // The algorithm is pinned to the key: HS256 to the secret, the public key's to the public key.
+        let hmac = alg == "HS256" ? self.keyedHMAC : nil
+        let publicKey = self.publicKey.flatMap { $0.algorithm == alg ? $0 : nil }
+        guard hmac != nil || publicKey != nil else {
             throw TokenError(.algorithmNotAccepted, "token algorithm \(Self.shown(alg)) is not accepted")
         }
         guard let payloadData = Base64URL.decode(parts.payload), let signature = Base64URL.decode(parts.signature)
         else { throw TokenError(.malformed, "malformed token") }
         let signed = parts.header.utf8.count + 1 + parts.payload.utf8.count
         let valid: Bool
-        if alg == "HS256", var mac = self.keyedHMAC {
+        if var mac = hmac {
             if token.utf8.withContiguousStorageIfAvailable({ mac.update(data: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed]))) }) == nil {
                 mac.update(data: Array(token.utf8.prefix(signed)))
             }
             valid = Self.constantTimeEqual(mac.finalize(), signature)
+        } else if let publicKey {
+            valid = publicKey.isValidSignature(signature, signing: Array(token.utf8.prefix(signed)))
         } else {
-            valid = (try? algorithm.verify(signature, signs: Array(token.utf8.prefix(signed)))) ?? false
+            valid = false
         }
         guard valid else { throw TokenError(.badSignature, "invalid token signature") }
         // RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
