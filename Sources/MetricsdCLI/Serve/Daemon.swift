@@ -145,7 +145,7 @@ public enum Daemon {
                 await pool.close()
                 return Self.fatal(
                     "configuration error: METRICSD_TLS: \(error)",
-                    code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.tlsCertificateInvalid.rawValue,
+                    code: error.errorCode,
                     errno: EINVAL, notifier: notifier, logger: fatalLogger)
             }
             try await group.run()
