@@ -130,8 +130,8 @@ import Testing
             try await pair.rejoinOldPrimary()
             let refreshed2 = try await Self.changeAndWait(database, user: 3, weight: "88.75")
             #expect(refreshed2 != nil && refreshed2! < 5, "settings change after the old primary's return not recomputed:\n\(daemon.log.suffix(3000))")
-            let onStandby = Int(try await pair.value(
-                on: pair.first, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'metricsd-settings'")) ?? -1
+            let onStandby = Int(try await pair.first.value(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'metricsd-settings'")) ?? -1
             #expect(onStandby == 0, "\(onStandby) daemon connections stay on the read-only old primary")
             #expect(daemon.process.isRunning)
             daemon.signal(SIGTERM)
@@ -226,7 +226,7 @@ import Testing
             try #require(midway != nil, "the unit did not get under way:\n\(daemon.log.suffix(2000))")
             try await pair.crashPrimary()
             // What survived: read on the standby before it is promoted (nothing writes to it yet).
-            let survived = Int(try await pair.value(on: pair.second, "SELECT count(*) FROM profile_metrics")) ?? -1
+            let survived = Int(try await pair.second.value("SELECT count(*) FROM profile_metrics")) ?? -1
             let promoted = try await pair.promoteStandby()
             let done = await Fault.waitUntil(timeout: .seconds(120)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state <> 'done'") == 0
@@ -239,7 +239,7 @@ import Testing
             report.assertHolds()
             // What the old primary had committed (it is started alone, after the daemon is gone).
             try await pair.startOldPrimaryAlone()
-            let committedOnOld = Int(try await pair.value(on: pair.first, "SELECT count(*) FROM profile_metrics")) ?? -1
+            let committedOnOld = Int(try await pair.first.value("SELECT count(*) FROM profile_metrics")) ?? -1
             let lost = committedOnOld - survived
             print("failover-async: the old primary had committed \(committedOnOld) rows, the promoted standby \(survived): \(lost) committed rows lost by the failover, all recomputed; unit done \(Fault.format(doneSeconds)) s after the promotion")
             #expect(lost >= 0, "the standby had rows the primary had not")
@@ -282,8 +282,8 @@ import Testing
             #expect(noted != nil, "no statement was cancelled at the deadline:\n\(daemon.log.suffix(3000))")
             #expect(daemon.process.isRunning)
 
-            _ = try await pair.value(on: pair.second, "ALTER SYSTEM RESET synchronous_standby_names")
-            _ = try await pair.value(on: pair.second, "SELECT pg_reload_conf()")
+            _ = try await pair.second.value("ALTER SYSTEM RESET synchronous_standby_names")
+            _ = try await pair.second.value("SELECT pg_reload_conf()")
             let fixed = ContinuousClock.now
             let done = await Fault.waitUntil(timeout: .seconds(90)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state <> 'done'") == 0

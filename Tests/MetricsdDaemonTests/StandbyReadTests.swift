@@ -167,10 +167,9 @@ import Testing
 
     /// Rows returned by the latest-read statements on a server since it started (`pg_stat_statements`, which
     /// shows their constants as parameters: `LIMIT 1` as `LIMIT $2`).
-    static func latestRows(_ set: StandbySet, _ member: ThrowawayCluster) async throws -> Int {
+    static func latestRows(_ member: ThrowawayCluster) async throws -> Int {
         Int(
-            try await set.value(
-                on: member,
+            try await member.value(
                 """
                 SELECT coalesce(sum(rows), 0) FROM pg_stat_statements
                 WHERE query LIKE '%ORDER BY computed_at DESC LIMIT $%) pm%' AND query NOT LIKE '%pg_stat_statements%'
@@ -184,10 +183,10 @@ import Testing
     ) {
         let members = [set.primary] + set.standbys
         var before: [Int] = []
-        for member in members { before.append(try await Self.latestRows(set, member)) }
+        for member in members { before.append(try await Self.latestRows(member)) }
         let result = try await Fault.wrk(port: daemon.port, connections: 8, seconds: seconds, script: script)
         var rows: [Int] = []
-        for (member, was) in zip(members, before) { rows.append(try await Self.latestRows(set, member) - was) }
+        for (member, was) in zip(members, before) { rows.append(try await Self.latestRows(member) - was) }
         return (result, rows)
     }
 

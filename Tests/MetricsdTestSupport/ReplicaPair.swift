@@ -11,34 +11,24 @@ package final class ReplicaPair: Sendable {
     package let first: ThrowawayCluster
     package let second: ThrowawayCluster
     package let synchronous: Bool
-    private let script: String
 
-    private init(first: ThrowawayCluster, second: ThrowawayCluster, synchronous: Bool, script: String) {
+    private init(first: ThrowawayCluster, second: ThrowawayCluster, synchronous: Bool) {
         self.first = first
         self.second = second
         self.synchronous = synchronous
-        self.script = script
     }
 
     /// Creates and starts the primary (`first`) and a standby of it (`second`), synchronous or not.
     package static func create(_ label: String, synchronous: Bool) async throws -> ReplicaPair {
-        let script = try #require(
-            ProcessInfo.processInfo.environment["METRICSD_PG_CLUSTER"].flatMap { $0.isEmpty ? nil : $0 },
-            "METRICSD_PG_CLUSTER is not set: run the tests with the README's test command (scripts/test)")
         let first = try await ThrowawayCluster.create("\(label)-a")
-        let base = URL(fileURLWithPath: first.directory).deletingLastPathComponent()
-        let second = ThrowawayCluster(
-            directory: base.appendingPathComponent("\(label)-b-" + UUID().uuidString.prefix(8).lowercased()).path,
-            port: DaemonProcess.freePort(), script: script)
-        let pair = ReplicaPair(first: first, second: second, synchronous: synchronous, script: script)
         do {
             try await first.start()
-            try await pair.run("standby", second.directory, String(second.port), first.directory, synchronous ? "sync" : "async")
+            let second = try await first.standby("\(label)-b", synchronous: synchronous)
+            return ReplicaPair(first: first, second: second, synchronous: synchronous)
         } catch {
-            await pair.destroy()
+            await first.destroy()
             throw error
         }
-        return pair
     }
 
     /// The multi-host URL a daemon uses: `postgresql://postgres@127.0.0.1:A,127.0.0.1:B/DB?target_session_attrs=read-write`,
@@ -63,16 +53,16 @@ package final class ReplicaPair: Sendable {
 
     /// The first half of ``failOver()``: the primary stops `-m immediate`; no read-write server is left.
     package func crashPrimary() async throws {
-        try await self.run("stop", self.first.directory, "immediate")
+        try await self.first.run("stop", self.first.directory, "immediate")
     }
 
     /// The second half: `second` is promoted (its inherited `synchronous_standby_names` cleared, unless
     /// `keepSync`: then every COMMIT on it waits for a standby that does not exist). The instant it was.
     package func promoteStandby(keepSync: Bool = false) async throws -> ContinuousClock.Instant {
         if keepSync {
-            try await self.run("promote", self.second.directory, "keep-sync")
+            try await self.second.run("promote", self.second.directory, "keep-sync")
         } else {
-            try await self.run("promote", self.second.directory)
+            try await self.second.run("promote", self.second.directory)
         }
         return ContinuousClock.now
     }
@@ -80,7 +70,7 @@ package final class ReplicaPair: Sendable {
     /// After ``failOver()``: the old primary comes back as a (synchronous or not) standby of the new one, on its
     /// old port.
     package func rejoinOldPrimary() async throws {
-        try await self.run(
+        try await self.first.run(
             "standby", self.first.directory, String(self.first.port), self.second.directory,
             self.synchronous ? "sync" : "async")
     }
@@ -88,16 +78,7 @@ package final class ReplicaPair: Sendable {
     /// After ``crashPrimary()``, with no daemon left: starts the old primary on its own (crash recovery, still a
     /// primary) to read what it had committed; for measuring what an asynchronous failover lost.
     package func startOldPrimaryAlone() async throws {
-        try await self.run("start", self.first.directory)
-    }
-
-    /// One value from `sql` run with psql on `member` (which may be a standby: metricsd's own connections refuse
-    /// read-only servers).
-    package func value(on member: ThrowawayCluster, _ sql: String) async throws -> String {
-        let (status, stdout, stderr) = try await Subprocess.capture(
-            self.script, ["psql", member.directory, "postgres", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        try #require(status == 0, "psql on \(member.directory) failed (\(status)): \(stderr)")
-        return stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try await self.first.start()
     }
 
     /// Stops (immediately) and deletes both clusters; never throws.
@@ -105,24 +86,12 @@ package final class ReplicaPair: Sendable {
         await self.first.destroy()
         await self.second.destroy()
     }
-
-    private func run(_ arguments: String...) async throws {
-        let (status, output) = try await Subprocess.run(self.script, arguments)
-        try #require(status == 0, "pg-cluster \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
-    }
 }
 
 /// Runs `body` with a fresh primary/standby pair, destroyed afterwards whatever happens.
 package func withReplicaPair<T>(
     _ label: String, synchronous: Bool = true, _ body: (ReplicaPair) async throws -> T
 ) async throws -> T {
-    let pair = try await ReplicaPair.create(label, synchronous: synchronous)
-    do {
-        let value = try await body(pair)
-        await pair.destroy()
-        return value
-    } catch {
-        await pair.destroy()
-        throw error
-    }
+    try await withCleanup(
+        try await ReplicaPair.create(label, synchronous: synchronous), cleanup: { await $0.destroy() }, body)
 }

@@ -9,41 +9,30 @@ import Testing
 package final class StandbySet: Sendable {
     package let primary: ThrowawayCluster
     package let standbys: [ThrowawayCluster]
-    private let script: String
 
-    private init(primary: ThrowawayCluster, standbys: [ThrowawayCluster], script: String) {
+    private init(primary: ThrowawayCluster, standbys: [ThrowawayCluster]) {
         self.primary = primary
         self.standbys = standbys
-        self.script = script
     }
 
     /// Creates and starts the primary (with `pg_stat_statements` in its database `postgres`) and `count` standbys.
     package static func create(_ label: String, standbys count: Int) async throws -> StandbySet {
-        let script = try #require(
-            ProcessInfo.processInfo.environment["METRICSD_PG_CLUSTER"].flatMap { $0.isEmpty ? nil : $0 },
-            "METRICSD_PG_CLUSTER is not set: run the tests with the README's test command (scripts/test)")
         let primary = try await ThrowawayCluster.create("\(label)-p")
-        let base = URL(fileURLWithPath: primary.directory).deletingLastPathComponent()
-        let standbys = (1...count).map { index in
-            ThrowawayCluster(
-                directory: base.appendingPathComponent("\(label)-s\(index)-" + UUID().uuidString.prefix(8).lowercased()).path,
-                port: DaemonProcess.freePort(), script: script)
-        }
-        let set = StandbySet(primary: primary, standbys: standbys, script: script)
+        var standbys: [ThrowawayCluster] = []
         do {
             try await primary.start()
-            _ = try await set.value(on: primary, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            _ = try await primary.value("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
             try await primary.stop()
             try await primary.start()
-            _ = try await set.value(on: primary, "CREATE EXTENSION pg_stat_statements")
-            for standby in standbys {
-                try await set.run("standby", standby.directory, String(standby.port), primary.directory, "async")
+            _ = try await primary.value("CREATE EXTENSION pg_stat_statements")
+            for index in 1...count {
+                standbys.append(try await primary.standby("\(label)-s\(index)", synchronous: false))
             }
         } catch {
-            await set.destroy()
+            await StandbySet(primary: primary, standbys: standbys).destroy()
             throw error
         }
-        return set
+        return StandbySet(primary: primary, standbys: standbys)
     }
 
     /// The primary's URL (database `postgres`).
@@ -58,21 +47,13 @@ package final class StandbySet: Sendable {
     /// `host:port` as the daemon labels a server.
     package func label(_ member: ThrowawayCluster) -> String { "127.0.0.1:\(member.port)" }
 
-    /// One value from `sql` run with psql on `member` (database `postgres`).
-    package func value(on member: ThrowawayCluster, _ sql: String) async throws -> String {
-        let (status, stdout, stderr) = try await Subprocess.capture(
-            self.script, ["psql", member.directory, "postgres", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        try #require(status == 0, "psql on \(member.directory) failed (\(status)): \(stderr)")
-        return stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-    }
-
     /// Stops replaying WAL on a standby (it keeps receiving it and answering queries).
     package func pauseReplay(_ standby: ThrowawayCluster) async throws {
-        _ = try await self.value(on: standby, "SELECT pg_wal_replay_pause()")
+        _ = try await standby.value("SELECT pg_wal_replay_pause()")
     }
 
     package func resumeReplay(_ standby: ThrowawayCluster) async throws {
-        _ = try await self.value(on: standby, "SELECT pg_wal_replay_resume()")
+        _ = try await standby.value("SELECT pg_wal_replay_resume()")
     }
 
     /// Stops and deletes every server; never throws.
@@ -80,22 +61,10 @@ package final class StandbySet: Sendable {
         for standby in self.standbys { await standby.destroy() }
         await self.primary.destroy()
     }
-
-    private func run(_ arguments: String...) async throws {
-        let (status, output) = try await Subprocess.run(self.script, arguments)
-        try #require(status == 0, "pg-cluster \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
-    }
 }
 
 /// Runs `body` with a fresh primary and `standbys` standbys, destroyed afterwards whatever happens.
 package func withStandbySet<T>(_ label: String, standbys: Int, _ body: (StandbySet) async throws -> T) async throws -> T {
-    let set = try await StandbySet.create(label, standbys: standbys)
-    do {
-        let value = try await body(set)
-        await set.destroy()
-        return value
-    } catch {
-        await set.destroy()
-        throw error
-    }
+    try await withCleanup(
+        try await StandbySet.create(label, standbys: standbys), cleanup: { await $0.destroy() }, body)
 }

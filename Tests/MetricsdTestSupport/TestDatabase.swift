@@ -162,13 +162,5 @@ package struct TestDatabase: Sendable {
 
 /// Runs `body` with a fresh database and drops it afterwards, whatever happens.
 package func withTestDatabase<T>(poolSize: Int = 4, _ body: (TestDatabase) async throws -> T) async throws -> T {
-    let database = try await TestDatabase.create(poolSize: poolSize)
-    do {
-        let value = try await body(database)
-        await database.drop()
-        return value
-    } catch {
-        await database.drop()
-        throw error
-    }
+    try await withCleanup(try await TestDatabase.create(poolSize: poolSize), cleanup: { await $0.drop() }, body)
 }

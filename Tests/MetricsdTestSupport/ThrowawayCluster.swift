@@ -10,7 +10,7 @@ package struct ThrowawayCluster: Sendable {
     package let port: Int
     private let script: String
 
-    package init(directory: String, port: Int, script: String) {
+    private init(directory: String, port: Int, script: String) {
         self.directory = directory
         self.port = port
         self.script = script
@@ -45,10 +45,50 @@ package struct ThrowawayCluster: Sendable {
     /// Stops (immediately) and deletes the cluster; never throws.
     package func destroy() async { try? await self.run("destroy", self.directory) }
 
-    /// Runs `scripts/pg-cluster ARGS` off the cooperative pool; throws with its output when it fails.
-    private func run(_ arguments: String...) async throws {
+    /// A new cluster beside this one (the same parent directory, a free port), made a streaming standby of it
+    /// (`pg-cluster standby`: `pg_basebackup -R`) and started; deleted again when that fails.
+    package func standby(_ label: String, synchronous: Bool) async throws -> ThrowawayCluster {
+        let base = URL(fileURLWithPath: self.directory).deletingLastPathComponent()
+        let standby = ThrowawayCluster(
+            directory: base.appendingPathComponent("\(label)-" + UUID().uuidString.prefix(8).lowercased()).path,
+            port: DaemonProcess.freePort(), script: self.script)
+        do {
+            try await self.run("standby", standby.directory, String(standby.port), self.directory, synchronous ? "sync" : "async")
+        } catch {
+            await standby.destroy()
+            throw error
+        }
+        return standby
+    }
+
+    /// One value from `sql` run with psql on this cluster, database `postgres` (also on a standby, which metricsd's
+    /// own connections refuse).
+    package func value(_ sql: String) async throws -> String {
+        let (status, stdout, stderr) = try await Subprocess.capture(
+            self.script, ["psql", self.directory, "postgres", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        try #require(status == 0, "psql on \(self.directory) failed (\(status)): \(stderr)")
+        return stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Runs `scripts/pg-cluster ARGS` off the cooperative pool; throws with its output when it fails. For commands
+    /// about several clusters (promote, rejoin), any member runs them.
+    package func run(_ arguments: String...) async throws {
         let (status, output) = try await Subprocess.run(self.script, arguments)
         try #require(status == 0, "pg-cluster \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
+    }
+}
+
+/// Runs `body` with `resource` and then `cleanup`, whatever happens: the shape of every `with…` helper of the tests.
+package func withCleanup<Resource, T>(
+    _ resource: Resource, cleanup: (Resource) async -> Void, _ body: (Resource) async throws -> T
+) async throws -> T {
+    do {
+        let value = try await body(resource)
+        await cleanup(resource)
+        return value
+    } catch {
+        await cleanup(resource)
+        throw error
     }
 }
 
@@ -116,13 +156,5 @@ package struct SubprocessError: Error, CustomStringConvertible {
 
 /// Runs `body` with a new, stopped ``ThrowawayCluster``; destroys it afterwards.
 package func withThrowawayCluster<T>(_ label: String, _ body: (ThrowawayCluster) async throws -> T) async throws -> T {
-    let cluster = try await ThrowawayCluster.create(label)
-    do {
-        let value = try await body(cluster)
-        await cluster.destroy()
-        return value
-    } catch {
-        await cluster.destroy()
-        throw error
-    }
+    try await withCleanup(try await ThrowawayCluster.create(label), cleanup: { await $0.destroy() }, body)
 }
