@@ -216,6 +216,32 @@ import Testing
         }
     }
 
+    /// The settings of the front door and the read servers fail with their own codes: TLS on without a certificate,
+    /// a certificate that is not PEM, and a read-server URL libpq refuses.
+    @Test func checkConfigNamesTLSAndReadServerProblemsByCode() async throws {
+        try await withTestDatabase { database in
+            let base = "DATABASE_URL=\(database.url)\nMETRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())\n"
+            let notPEM = try ConfigurationFileTests.directory("not-pem") + "/tls.pem"
+            try ConfigurationFileTests.write("not a certificate\n", to: notPEM, mode: 0o600)
+            let cases: [(settings: String, setting: String, code: String)] = [
+                ("METRICSD_TLS=public\n", "METRICSD_TLS", "config.tls_incomplete"),
+                ("METRICSD_TLS=public\nMETRICSD_TLS_CERTIFICATE_FILE=\(notPEM)\nMETRICSD_TLS_KEY_FILE=\(notPEM)\n", "METRICSD_TLS",
+                 "config.tls_certificate_invalid"),
+                ("METRICSD_READ_DATABASE_URL=postgresql://127.0.0.1/metricsd?no_such_parameter=1\n", "METRICSD_READ_DATABASE_URL",
+                 "config.read_database_url_invalid"),
+            ]
+            for (settings, setting, code) in cases {
+                let files = try HostFiles(settings: base + settings)
+                let result = try await Self.metricsd(["check-config"], files.environment)
+                #expect(result.status == 78, "\(settings): \(result)")
+                let problems = result.stderr.split(separator: "\n").filter { !$0.contains("warning") }
+                #expect(problems.count == 1, "\(settings): \(result.stderr)")
+                #expect(problems.first?.hasPrefix("metricsd: \(setting): ") == true, "\(settings): \(result.stderr)")
+                #expect(problems.first?.hasSuffix(" [\(code)]") == true, "\(settings): \(result.stderr)")
+            }
+        }
+    }
+
     /// METRICSD_RETENTION_DAYS: unset (or empty, like every setting) keeps every row; a value that is not a whole
     /// number of days from 0 to 36500 is named with what was given.
     @Test(arguments: ["-1", "30.5", "forever", "36501"])
