@@ -16,6 +16,7 @@ let package = Package(
     dependencies: [
         // 1.7 and later import FoundationEssentials, not Foundation (whose ICU data is 34 MB of the binary).
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.7.0"),
+        // Tests only (keys and tokens for the token tests): metricsd verifies tokens with the system's libcrypto.
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.1.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
@@ -28,8 +29,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0", traits: []),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
-        // Tests only: an independent implementation that mints the tokens metricsd verifies (metricsd verifies with
-        // swift-crypto directly: jwt-kit would link swift-certificates' X.509 code into the binary for nothing).
+        // Tests only: an independent implementation that mints the tokens metricsd verifies (jwt-kit would link
+        // swift-certificates' X.509 code and swift-crypto's BoringSSL into the binary for nothing).
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.1.0"),
     ],
     targets: [
@@ -39,6 +40,8 @@ let package = Package(
         // C libraries through pkg-config.
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // OpenSSL's libcrypto, which libpq loads anyway: the signature maths of token checks.
+        .systemLibrary(name: "CLibCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // The one masking rule for passwords and secrets in any text metricsd shows. No dependencies.
         .target(name: "MetricsdMasking", swiftSettings: swiftSettings),
@@ -81,9 +84,7 @@ let package = Package(
         .target(
             name: "MetricsdHTTP",
             dependencies: [
-                "HealthMetrics",
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                "CLibCrypto", "HealthMetrics",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -262,6 +262,29 @@ import Testing
                 == Self.user)
     }
 
+    /// Public keys in the forms a key file holds: an RSA key as PKCS#1 (`BEGIN RSA PUBLIC KEY`) verifies like the
+    /// same key as SubjectPublicKeyInfo; a key on a curve other than P-256 (P-384) is refused by name.
+    @Test func publicKeyFormsAndCurves() async throws {
+        let spki = Self.der(RSATestKey.publicPEM)
+        // SubjectPublicKeyInfo of a 2048-bit key: a 4-byte SEQUENCE header, the 15-byte rsaEncryption
+        // AlgorithmIdentifier, then a BIT STRING (4-byte header, 1 unused-bits byte) holding the PKCS#1 key.
+        #expect(spki.count == 294 && spki[19] == 0x03 && spki[24] == 0x30, "\(spki.prefix(30))")
+        let pkcs1 = Data(spki[24...]).base64EncodedString(options: .lineLength64Characters)
+        let pkcs1PEM = "-----BEGIN RSA PUBLIC KEY-----\n\(pkcs1)\n-----END RSA PUBLIC KEY-----\n"
+        let rsa = try Insecure.RSA.PrivateKey(pem: RSATestKey.privatePEM)
+        let token = try SignedTokens.sign(
+            header: ["alg": "RS256", "typ": "JWT"], claims: Self.valid,
+            with: await JWTKeyCollection().add(rsa: rsa, digestAlgorithm: .sha256).getKey())
+        for pem in [RSATestKey.publicPEM, pkcs1PEM] {
+            let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: pem))
+            #expect(verifier.acceptedAlgorithms == ["RS256"])
+            #expect(try verifier.verify(Substring(token)) == Self.user, "\(pem.prefix(30))")
+        }
+        let p384 = P384.Signing.PrivateKey().publicKey.pemRepresentation
+        let refused = #expect(throws: TokenKeyError.self) { try TokenVerifier.checkPublicKey(p384) }
+        #expect(refused?.description.contains("not an Ed25519, P-256 or RSA public key") == true, "\(String(describing: refused))")
+    }
+
     /// The real binary, verifying with a public key file only (no secret at all).
     @Test func daemonVerifiesWithAPublicKeyFileOnly() async throws {
         let key = try await AsymmetricKey.ed25519()

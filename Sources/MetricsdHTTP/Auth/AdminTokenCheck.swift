@@ -1,4 +1,3 @@
-import Crypto
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -11,11 +10,11 @@ public struct AdminTokenCheck: Sendable {
     private let expected: [UInt8]
 
     public init(token: String) {
-        self.expected = Array(SHA256.hash(data: Array(token.utf8)))
+        self.expected = LibCrypto.sha256(Array(token.utf8))
     }
 
     public func matches(_ presented: Substring) -> Bool {
-        let digest = Array(SHA256.hash(data: Array(presented.utf8)))
+        let digest = LibCrypto.sha256(Array(presented.utf8))
         var difference: UInt8 = 0
         for index in 0..<self.expected.count { difference |= self.expected[index] ^ digest[index] }
         return difference == 0

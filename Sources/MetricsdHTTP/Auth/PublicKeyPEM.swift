@@ -1,5 +1,3 @@
-import Crypto
-import _CryptoExtras
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -7,11 +5,11 @@ import Foundation
 #endif
 
 /// A PEM public key metricsd can verify tokens with, and the one algorithm it is used for; parsing it is
-/// synchronous, so configuration checks it early. swift-crypto parses the keys and checks the signatures.
+/// synchronous, so configuration checks it early. libcrypto decodes the keys and checks the signatures.
 enum PublicKeyPEM: Sendable {
-    case eddsa(Curve25519.Signing.PublicKey)
-    case es256(P256.Signing.PublicKey)
-    case rs256(_RSA.Signing.PublicKey)
+    case eddsa(VerifyingKey)
+    case es256(VerifyingKey)
+    case rs256(VerifyingKey)
 
     /// RS256 keys below this size are refused (RFC 7518 §3.3 requires at least 2048 bits).
     static let minimumRSABits = 2048
@@ -20,11 +18,12 @@ enum PublicKeyPEM: Sendable {
         if pem.contains("PRIVATE KEY") {
             throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
         }
-        if let key = try? Curve25519.Signing.PublicKey(pemRepresentation: pem) {
+        let key = VerifyingKey(pem: pem)
+        if let key, key.kind == .ed25519 {
             self = .eddsa(key)
-        } else if let key = try? P256.Signing.PublicKey(pemRepresentation: pem) {
+        } else if let key, key.kind == .p256 {
             self = .es256(key)
-        } else if let key = try? _RSA.Signing.PublicKey(pemRepresentation: pem), key.keySizeInBits >= Self.minimumRSABits {
+        } else if let key, case .rsa(let bits) = key.kind, bits >= Self.minimumRSABits {
             self = .rs256(key)
         } else if Self.looksLikeRSA(pem) {
             throw TokenKeyError.unusablePublicKey(
@@ -48,17 +47,14 @@ enum PublicKeyPEM: Sendable {
     func isValidSignature(_ signature: [UInt8], signing signed: [UInt8]) -> Bool {
         switch self {
         case .eddsa(let key):
-            return key.isValidSignature(signature, for: signed)
+            return key.verifies(signature, of: signed)
         case .es256(let key):
             // JOSE's ES256 signature is r‖s, 32 bytes each (RFC 7518 §3.4), not DER: any other length is refused.
-            guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else { return false }
-            return key.isValidSignature(ecdsa, for: SHA256.hash(data: signed))
+            guard let der = VerifyingKey.derECDSASignature(raw: signature) else { return false }
+            return key.verifies(der, of: signed)
         case .rs256(let key):
-            // RS256 is RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3); swift-crypto calls that padding insecure
-            // for new designs, but it is what the algorithm is.
-            return key.isValidSignature(
-                _RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: signed),
-                padding: .insecurePKCS1v1_5)
+            // RS256 is RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3), libcrypto's default padding for an RSA key.
+            return key.verifies(signature, of: signed)
         }
     }
 

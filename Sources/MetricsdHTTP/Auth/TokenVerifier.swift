@@ -1,4 +1,3 @@
-import Crypto
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -10,12 +9,12 @@ import Glibc
 /// against the public key, and nothing else (`none`, or HS256 signed with the public key, are refused before any
 /// signature check).
 ///
-/// Parsing and claim checks are done here, on plain values; swift-crypto provides the keys and signature maths.
-/// (jwt-kit, which the tests use to mint tokens, is not linked into metricsd: it would bring swift-certificates'
-/// X.509 code for nothing, 2 MB of the binary.)
+/// Parsing and claim checks are done here, on plain values; libcrypto provides the keys and signature maths
+/// (`LibCrypto.swift` says why not swift-crypto). jwt-kit, which the tests use to mint tokens, is not linked into
+/// metricsd: it would bring swift-certificates' X.509 code for nothing, 2 MB of the binary.
 public struct TokenVerifier: Sendable {
-    /// HS256's HMAC, already keyed: each check copies it (copy-on-write state) instead of keying a new one.
-    private let keyedHMAC: HMAC<SHA256>?
+    /// HS256's HMAC, already keyed.
+    private let keyedHMAC: KeyedHMACSHA256?
     /// The public key, verifying its own algorithm only.
     private let publicKey: PublicKeyPEM?
     private let issuer: String?
@@ -33,7 +32,14 @@ public struct TokenVerifier: Sendable {
     }
 
     public init(_ configuration: TokenConfiguration) throws(TokenKeyError) {
-        self.keyedHMAC = configuration.hmacSecret.map { HMAC<SHA256>(key: SymmetricKey(data: Array($0.utf8))) }
+        if let secret = configuration.hmacSecret {
+            guard let keyed = KeyedHMACSHA256(key: Array(secret.utf8)) else {
+                throw TokenKeyError.noKey("the JWT secret could not be used as an HMAC-SHA-256 key (libcrypto refused it)")
+            }
+            self.keyedHMAC = keyed
+        } else {
+            self.keyedHMAC = nil
+        }
         self.publicKey = try configuration.publicKeyPEM.map { pem throws(TokenKeyError) in try PublicKeyPEM(pem) }
         guard self.keyedHMAC != nil || self.publicKey != nil else {
             throw TokenKeyError.noKey(
@@ -84,11 +90,12 @@ public struct TokenVerifier: Sendable {
         else { throw TokenError(.malformed, "malformed token") }
         let signed = parts.header.utf8.count + 1 + parts.payload.utf8.count
         let valid: Bool
-        if var mac = hmac {
-            if token.utf8.withContiguousStorageIfAvailable({ mac.update(data: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed]))) }) == nil {
-                mac.update(data: Array(token.utf8.prefix(signed)))
-            }
-            valid = Self.constantTimeEqual(mac.finalize(), signature)
+        if let hmac {
+            valid =
+                token.utf8.withContiguousStorageIfAvailable {
+                    hmac.authenticates(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed])), signature: signature)
+                }
+                ?? Array(token.utf8.prefix(signed)).withUnsafeBytes { hmac.authenticates($0, signature: signature) }
         } else if let publicKey {
             valid = publicKey.isValidSignature(signature, signing: Array(token.utf8.prefix(signed)))
         } else {
@@ -180,16 +187,6 @@ public struct TokenVerifier: Sendable {
         }
         if let found { return found }
         return Self.commonHeaders.first { $0.bytes.elementsEqual(encoded.utf8) }?.alg
-    }
-
-    /// Whether a MAC equals the presented signature, in time that depends only on their lengths.
-    static func constantTimeEqual(_ mac: HashedAuthenticationCode<SHA256>, _ signature: [UInt8]) -> Bool {
-        mac.withUnsafeBytes { computed in
-            guard computed.count == signature.count else { return false }
-            var difference: UInt8 = 0
-            for index in 0..<computed.count { difference |= computed[index] ^ signature[index] }
-            return difference == 0
-        }
     }
 
     private static func shown(_ text: String) -> String {

@@ -1,0 +1,14 @@
+#ifndef METRICSD_CLIBCRYPTO_SHIM_H
+#define METRICSD_CLIBCRYPTO_SHIM_H
+// OpenSSL 3's libcrypto: the library libpq already loads into the process.
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/decoder.h>
+#include <openssl/ecdsa.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+
+// EVP_PKEY_PUBLIC_KEY is a macro of macros that Swift does not import.
+static const int metricsd_select_public_key = EVP_PKEY_PUBLIC_KEY;
+#endif
