@@ -40,6 +40,22 @@ import Testing
         }
     }
 
+    /// The API's codes are `static let`s of `AppError.Code`, gathered by hand into `httpCodes` and `endpointCodes`
+    /// (which the checks here and the API document's check read): every code declared in the sources is in one of
+    /// those lists, so a new code cannot escape them.
+    @Test func everyDeclaredAPICodeIsInItsList() throws {
+        var declared: [String] = []
+        let sources = Self.repository.appending(path: "Sources")
+        let files = try #require(FileManager.default.enumerator(at: sources, includingPropertiesForKeys: nil))
+        for case let file as URL in files where file.pathExtension == "swift" {
+            let text = try String(contentsOf: file, encoding: .utf8)
+            declared += text.matches(of: /static let [A-Za-z0-9_]+ = Self\(rawValue: "([a-z0-9_.]+)"\)/).map { String($0.1) }
+        }
+        #expect(declared.count >= 20, "found only \(declared)")
+        let listed = Set((AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue))
+        #expect(Set(declared).subtracting(listed).isEmpty, "declared but in no list: \(Set(declared).subtracting(listed).sorted())")
+    }
+
     /// The Operations article's table of error codes lists exactly the codes there are.
     @Test func theOperationsArticleListsEveryCode() throws {
         let article = try String(
