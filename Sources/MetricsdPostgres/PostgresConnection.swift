@@ -221,8 +221,11 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         public let payload: String
     }
 
-    /// Waits up to `timeoutMilliseconds` for notifications and returns those that arrived (maybe none).
-    public func waitForNotifications(timeoutMilliseconds: Int32) throws(PostgresError) -> [Notification] {
+    /// Waits up to `timeoutMilliseconds` for notifications and returns those that arrived (maybe none). The wait
+    /// ends early, with what has arrived so far, once `interrupter` is interrupted (and at once in every wait after).
+    public func waitForNotifications(
+        timeoutMilliseconds: Int32, interrupter: WaitInterrupter? = nil
+    ) throws(PostgresError) -> [Notification] {
         var notifications = self.drainNotifications()
         guard notifications.isEmpty else { return notifications }
         let socket = PQsocket(self.handle)
@@ -230,9 +233,10 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
             self.isBroken = true
             throw PostgresError(code: .connectionLost, message: "connection has no socket")
         }
-        var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-        let ready = poll(&poller, 1, timeoutMilliseconds)
-        if ready > 0 {
+        var pollers = [pollfd(fd: socket, events: Int16(POLLIN), revents: 0)]
+        if let interrupter { pollers.append(pollfd(fd: interrupter.readEnd, events: Int16(POLLIN), revents: 0)) }
+        let ready = poll(&pollers, nfds_t(pollers.count), timeoutMilliseconds)
+        if ready > 0 && pollers[0].revents != 0 {
             guard PQconsumeInput(self.handle) == 1 else {
                 self.isBroken = true
                 throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
@@ -294,5 +298,35 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         let copies = strings.map { $0.map { strdup($0) } ?? nil }
         defer { copies.forEach { free($0) } }
         return body(copies.map { $0.map { UnsafePointer($0) } })
+    }
+}
+
+/// Ends a connection's ``PostgresConnection/waitForNotifications(timeoutMilliseconds:interrupter:)`` from another
+/// thread (libpq's own wait cannot be interrupted): a pipe the wait polls beside the connection's socket. Once
+/// interrupted it stays so: each later wait returns at once.
+public final class WaitInterrupter: Sendable {
+    let readEnd: Int32
+    private let writeEnd: Int32
+
+    public init() throws(PostgresError) {
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else {
+            throw PostgresError(code: .connectionFailed, message: "cannot make a pipe to end waits: \(String(cString: strerror(errno)))")
+        }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        _ = fcntl(ends[1], F_SETFL, fcntl(ends[1], F_GETFL) | O_NONBLOCK)
+        self.readEnd = ends[0]
+        self.writeEnd = ends[1]
+    }
+
+    /// Ends the current wait and every later one. Safe from any thread, any number of times.
+    public func interrupt() {
+        var byte: UInt8 = 1
+        _ = write(self.writeEnd, &byte, 1)  // a full pipe already reads as ready
+    }
+
+    deinit {
+        close(self.readEnd)
+        close(self.writeEnd)
     }
 }

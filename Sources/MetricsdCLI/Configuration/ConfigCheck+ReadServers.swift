@@ -54,7 +54,7 @@ extension ConfigCheck {
             guard status.isCurrent else {
                 return .failure(PostgresError(code: .unexpectedResult, message: "its schema is not this build's: \(PostgresStore.describe(status))"))
             }
-            var text = standby ? "standby" : "a primary (not in recovery)"
+            let text = standby ? "standby" : "a primary (not in recovery)"
             guard let primary, let source = try? PostgresConnection(settings: primary) else {
                 return .success(text + ", schema current; lag not measured (DATABASE_URL not reachable)")
             }

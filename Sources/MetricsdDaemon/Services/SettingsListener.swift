@@ -60,12 +60,27 @@ package struct SettingsListener: Service {
     }
 
     private func listen(on connection: PostgresConnection, watermark: inout String?) async throws {
+        // A stop ends the wait at once (a restart holds clients in the socket's backlog while it waits).
+        let interrupter = try WaitInterrupter()
+        try await withGracefulShutdownHandler {
+            try await withTaskCancellationHandler {
+                try await self.listen(on: connection, watermark: &watermark, interrupter: interrupter)
+            } onCancel: {
+                interrupter.interrupt()
+            }
+        } onGracefulShutdown: {
+            interrupter.interrupt()
+        }
+    }
+
+    private func listen(on connection: PostgresConnection, watermark: inout String?, interrupter: WaitInterrupter) async throws {
         var lastSweep = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            // libpq's wait cannot be interrupted: a stop waits for the end of the current slice, so the slice is
-            // short (a restart holds clients in the socket's backlog that long; ten cheap polls a second).
+            // Until the next sweep is due (at most a minute): notifications and a stop end the wait sooner.
+            let untilSweep = self.sweepInterval - (ContinuousClock.now - lastSweep)
+            let timeout = Int32(min(60_000, max(10, (untilSweep / .milliseconds(1)).rounded(.up))))
             let notifications = try await self.pool.runBlocking {
-                try connection.waitForNotifications(timeoutMilliseconds: 100)
+                try connection.waitForNotifications(timeoutMilliseconds: timeout, interrupter: interrupter)
             }
             var users: Set<Int64> = []
             for notification in notifications {
