@@ -96,12 +96,11 @@ public struct ConnectionSettings: Sendable {
         }
         let (hosts, addresses, ports) = (list("host"), list("hostaddr"), list("port"))
         let count = max(1, hosts.count, addresses.count)
-        for (keyword, found) in [("host", hosts.count), ("hostaddr", addresses.count), ("port", ports.count)]
-        where found > 1 && found != count {
-            throw PostgresError(
-                code: .badConnectionString,
-                message: "\(self.setting) is not valid: \(found) values of \(keyword) for \(count) hosts", mask: self.mask)
-        }
+        // One check per keyword, not a loop over an array of (keyword, count) pairs: Swift 6.3 compiled that loop
+        // into one of two instruction orders from build to build (see debian/rules, "the compiler itself").
+        try self.checkValueCount(of: "host", found: hosts.count, hosts: count)
+        try self.checkValueCount(of: "hostaddr", found: addresses.count, hosts: count)
+        try self.checkValueCount(of: "port", found: ports.count, hosts: count)
         let others = values.filter { !["host", "hostaddr", "port"].contains($0.0) }
         var servers: [ReadServer] = []
         for index in 0..<count {
@@ -120,6 +119,14 @@ public struct ConnectionSettings: Sendable {
             servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings))
         }
         return servers
+    }
+
+    /// A multi-host keyword gives one value for all hosts or one per host.
+    private func checkValueCount(of keyword: String, found: Int, hosts count: Int) throws(PostgresError) {
+        guard found > 1 && found != count else { return }
+        throw PostgresError(
+            code: .badConnectionString,
+            message: "\(self.setting) is not valid: \(found) values of \(keyword) for \(count) hosts", mask: self.mask)
     }
 
     /// The keywords and values `conninfo` sets, as libpq's own parser reads them; a malformed string throws
