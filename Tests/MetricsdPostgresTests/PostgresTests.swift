@@ -34,6 +34,40 @@ import Testing
         }
     }
 
+    /// A LISTEN connection's wait for notifications ends when a notification arrives, and at once when another
+    /// thread interrupts it (a stop), long before its timeout; once interrupted, every later wait returns at once.
+    @Test func aNotificationWaitEndsOnANotificationOrAnInterrupt() async throws {
+        try await withTestDatabase { database in
+            let connection = try await database.pool.openDedicatedConnection()
+            try await database.pool.runBlocking { try connection.execute("LISTEN metricsd_test_wait") }
+            let interrupter = try WaitInterrupter()
+            let clock = ContinuousClock()
+
+            async let waited = database.pool.runBlocking {
+                try connection.waitForNotifications(timeoutMilliseconds: 60_000, interrupter: interrupter)
+            }
+            try await Task.sleep(for: .milliseconds(200))
+            try await database.pool.withConnection { try $0.execute("NOTIFY metricsd_test_wait, '7'") }
+            let notified = try await waited
+            #expect(notified.map(\.payload) == ["7"])
+
+            let started = clock.now
+            async let interrupted = database.pool.runBlocking {
+                try connection.waitForNotifications(timeoutMilliseconds: 60_000, interrupter: interrupter)
+            }
+            try await Task.sleep(for: .milliseconds(200))
+            interrupter.interrupt()
+            #expect(try await interrupted.isEmpty)
+            #expect(clock.now - started < .seconds(5), "the interrupted wait took \(clock.now - started)")
+
+            let again = clock.now
+            _ = try await database.pool.runBlocking {
+                try connection.waitForNotifications(timeoutMilliseconds: 60_000, interrupter: interrupter)
+            }
+            #expect(clock.now - again < .seconds(2), "a wait after the interrupt took \(clock.now - again)")
+        }
+    }
+
     @Test func malformedConnectionStringIsRefusedUpFront() {
         #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host='unterminated", environment: [:]) }
         #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host=db sslmode=sometimes", environment: [:]) }
