@@ -18,7 +18,7 @@ enum PublicKeyPEM: Sendable {
         if pem.contains("PRIVATE KEY") {
             throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
         }
-        let key = VerifyingKey(pem: pem)
+        let key = VerifyingKey.decode(pem: pem)
         if let key, key.kind == .ed25519 {
             self = .eddsa(key)
         } else if let key, key.kind == .p256 {
