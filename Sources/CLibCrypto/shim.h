@@ -8,7 +8,5 @@
 #include <openssl/ecdsa.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
-
-// EVP_PKEY_PUBLIC_KEY is a macro of macros that Swift does not import.
-static const int metricsd_select_public_key = EVP_PKEY_PUBLIC_KEY;
+#include <openssl/x509.h>
 #endif

@@ -283,6 +283,24 @@ import Testing
         let p384 = P384.Signing.PrivateKey().publicKey.pemRepresentation
         let refused = #expect(throws: TokenKeyError.self) { try TokenVerifier.checkPublicKey(p384) }
         #expect(refused?.description.contains("not an Ed25519, P-256 or RSA public key") == true, "\(String(describing: refused))")
+        #expect(refused?.description.contains("another key type or curve") == true, "\(String(describing: refused))")
+
+        // Text around the block is ignored; what is wrong with a block is said in the refusal.
+        let ed25519 = try await AsymmetricKey.ed25519().publicPEM
+        #expect(try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: "issued 2026-11\n" + ed25519 + "\nend\n"))
+            .acceptedAlgorithms == ["EdDSA"])
+        let body = ed25519.split(separator: "\n")[1]
+        let trailing = Data(base64Encoded: String(body))! + Data([0x05, 0x00])
+        let reasons: [(String, String)] = [
+            ("no key here", "no BEGIN PUBLIC KEY or BEGIN RSA PUBLIC KEY block"),
+            ("-----BEGIN PUBLIC KEY-----\n\(body.dropLast())\n-----END PUBLIC KEY-----\n", "block is not base64"),
+            ("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "asn1 encoding routines"),
+            ("-----BEGIN PUBLIC KEY-----\n\(trailing.base64EncodedString())\n-----END PUBLIC KEY-----\n", "not a key libcrypto reads"),
+        ]
+        for (pem, reason) in reasons {
+            let refusal = #expect(throws: TokenKeyError.self) { try TokenVerifier.checkPublicKey(pem) }
+            #expect(refusal?.description.contains(reason) == true, "\(pem): \(String(describing: refusal))")
+        }
     }
 
     /// The real binary, verifying with a public key file only (no secret at all).

@@ -1,4 +1,9 @@
 import CLibCrypto
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 
 // The signature maths of token checks: SHA-256, HMAC-SHA-256, and Ed25519, P-256 ECDSA and RSA PKCS#1 v1.5
 // verification, from the system's OpenSSL 3 libcrypto. metricsd loads that library anyway (libpq links it for its
@@ -53,7 +58,13 @@ enum LibCrypto {
     }
 }
 
-/// A public key libcrypto decoded from PEM (SubjectPublicKeyInfo, or PKCS#1 for RSA), and what kind it is.
+/// A public key libcrypto decoded from PEM: SubjectPublicKeyInfo (`BEGIN PUBLIC KEY`), or PKCS#1 for RSA
+/// (`BEGIN RSA PUBLIC KEY`), and what kind it is.
+///
+/// The DER is decoded with libcrypto's ASN.1 functions (`d2i_PUBKEY`, `d2i_PublicKey`), not its provider decoder
+/// framework (`OSSL_DECODER`): one daemon start in a test run had that framework refuse a valid Ed25519 key that
+/// every other start accepted, and the ASN.1 path needs no decoder look-up and keeps no pointer to the caller's
+/// variables between calls.
 final class VerifyingKey: @unchecked Sendable {
     enum Kind: Equatable {
         case ed25519
@@ -63,36 +74,33 @@ final class VerifyingKey: @unchecked Sendable {
         case other
     }
 
+    /// Why a PEM gave no key, in libcrypto's words where it had some.
+    struct Refusal: Error, Equatable {
+        let reason: String
+    }
+
     /// Never changed after `init`: OpenSSL lets threads verify with one key at the same time.
     private let key: OpaquePointer
     let kind: Kind
 
-    /// Decodes the first public key in `pem`; nil when there is none. A decode that fails is tried twice more: one
-    /// daemon start in a test run refused a valid Ed25519 key that every other run accepted, and the cause is not
-    /// known (OpenSSL 3.0's decoder set-up racing with another thread's use of libcrypto is the suspect). A key
-    /// that is really unusable fails all three times.
-    static func decode(pem: String) -> VerifyingKey? {
-        for _ in 0..<3 {
-            if let key = VerifyingKey(decoding: pem) { return key }
+    /// Decodes the first public key block in `pem`.
+    init(pem: String) throws(Refusal) {
+        let (label, der) = try Self.firstPublicKeyBlock(pem)
+        ERR_clear_error()
+        let decoded: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
+            var cursor = buffer.baseAddress
+            let key = label == "PUBLIC KEY"
+                ? d2i_PUBKEY(nil, &cursor, buffer.count)
+                : d2i_PublicKey(EVP_PKEY_RSA, nil, &cursor, buffer.count)
+            // DER after the key would be a different document: refuse it rather than ignore it.
+            guard let key, cursor == buffer.baseAddress.map({ $0 + buffer.count }) else {
+                if let key { EVP_PKEY_free(key) }
+                return nil
+            }
+            return key
         }
-        return nil
-    }
-
-    private init?(decoding pem: String) {
-        var decoded: OpaquePointer?
-        guard let decoder = OSSL_DECODER_CTX_new_for_pkey(&decoded, "PEM", nil, nil, metricsd_select_public_key, nil, nil)
-        else { ERR_clear_error(); return nil }
-        defer { OSSL_DECODER_CTX_free(decoder) }
-        let bytes = Array(pem.utf8)
-        let ok = bytes.withUnsafeBufferPointer { buffer -> Bool in
-            var data = buffer.baseAddress
-            var length = buffer.count
-            return OSSL_DECODER_from_data(decoder, &data, &length) == 1
-        }
-        guard ok, let decoded else {
-            if let decoded { EVP_PKEY_free(decoded) }
-            ERR_clear_error()
-            return nil
+        guard let decoded else {
+            throw Refusal(reason: Self.libcryptoReason() ?? "the DER after \(label) is not a key libcrypto reads")
         }
         self.key = decoded
         switch EVP_PKEY_get_base_id(decoded) {
@@ -110,6 +118,44 @@ final class VerifyingKey: @unchecked Sendable {
             self.kind = .other
         }
         ERR_clear_error()
+        // Set up a verification once now: libcrypto then holds the key in its provider's form for every later
+        // check, and a key it cannot verify with is refused at start-up rather than on the first request.
+        if self.kind != .other {
+            guard let context = EVP_MD_CTX_new() else { throw Refusal(reason: "libcrypto could not allocate") }
+            defer { EVP_MD_CTX_free(context) }
+            let digest = self.kind == .ed25519 ? nil : EVP_sha256()
+            guard EVP_DigestVerifyInit(context, nil, digest, nil, decoded) == 1 else {
+                throw Refusal(reason: Self.libcryptoReason() ?? "libcrypto cannot verify signatures with this key")
+            }
+        }
+    }
+
+    /// The label and DER of the first `-----BEGIN PUBLIC KEY-----` or `-----BEGIN RSA PUBLIC KEY-----` block.
+    private static func firstPublicKeyBlock(_ pem: String) throws(Refusal) -> (label: String, der: [UInt8]) {
+        let lines = pem.split(whereSeparator: \.isNewline).map { line in
+            String(line.drop(while: \.isWhitespace).reversed().drop(while: \.isWhitespace).reversed())
+        }
+        for label in ["PUBLIC KEY", "RSA PUBLIC KEY"] {
+            guard let begin = lines.firstIndex(of: "-----BEGIN \(label)-----"),
+                let end = lines[begin...].firstIndex(of: "-----END \(label)-----")
+            else { continue }
+            guard let der = Data(base64Encoded: lines[(begin + 1)..<end].joined()), !der.isEmpty else {
+                throw Refusal(reason: "the BEGIN \(label) block is not base64")
+            }
+            return (label, Array(der))
+        }
+        throw Refusal(reason: "no BEGIN PUBLIC KEY or BEGIN RSA PUBLIC KEY block")
+    }
+
+    /// The first error libcrypto queued (e.g. `error:0680007B:asn1 encoding routines::header too long`); the
+    /// queue is emptied.
+    private static func libcryptoReason() -> String? {
+        let code = ERR_get_error()
+        defer { ERR_clear_error() }
+        guard code != 0 else { return nil }
+        var text = [CChar](repeating: 0, count: 256)
+        ERR_error_string_n(code, &text, text.count)
+        return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     deinit { EVP_PKEY_free(self.key) }

@@ -18,19 +18,32 @@ enum PublicKeyPEM: Sendable {
         if pem.contains("PRIVATE KEY") {
             throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
         }
-        let key = VerifyingKey.decode(pem: pem)
-        if let key, key.kind == .ed25519 {
-            self = .eddsa(key)
-        } else if let key, key.kind == .p256 {
-            self = .es256(key)
-        } else if let key, case .rsa(let bits) = key.kind, bits >= Self.minimumRSABits {
-            self = .rs256(key)
-        } else if Self.looksLikeRSA(pem) {
+        let key: VerifyingKey
+        do {
+            key = try VerifyingKey(pem: pem)
+        } catch {
+            if Self.looksLikeRSA(pem) {
+                throw TokenKeyError.unusablePublicKey(
+                    "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
+                )
+            }
             throw TokenKeyError.unusablePublicKey(
-                "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
+                "the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form (\(error.reason))")
+        }
+        switch key.kind {
+        case .ed25519:
+            self = .eddsa(key)
+        case .p256:
+            self = .es256(key)
+        case .rsa(let bits) where bits >= Self.minimumRSABits:
+            self = .rs256(key)
+        case .rsa(let bits):
+            throw TokenKeyError.unusablePublicKey(
+                "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits, this one has \(bits)"
             )
-        } else {
-            throw TokenKeyError.unusablePublicKey("the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form")
+        case .other:
+            throw TokenKeyError.unusablePublicKey(
+                "the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form (another key type or curve)")
         }
     }
 
