@@ -21,6 +21,8 @@ public struct ConfigurationError: CodedError, Sendable {
         case noJWTKey = "config.no_jwt_key"
         /// The JWT secret is shorter than 32 bytes.
         case jwtSecretTooShort = "config.jwt_secret_too_short"
+        /// libcrypto would not key HMAC-SHA-256 with the JWT secret (out of memory, or a libcrypto without HMAC).
+        case jwtSecretUnusable = "config.jwt_secret_unusable"
         /// The JWT public key is a private key, or not an Ed25519, P-256 or RSA (≥ 2048 bits) public key.
         case jwtPublicKeyInvalid = "config.jwt_public_key_invalid"
         /// The admin token is shorter than 16 characters.
@@ -57,6 +59,7 @@ public struct ConfigurationError: CodedError, Sendable {
     public init(_ error: TokenKeyError) {
         switch error {
         case .noKey(let message): self.init(.noJWTKey, message)
+        case .unusableSecret(let message): self.init(.jwtSecretUnusable, message)
         case .unusablePublicKey(let message): self.init(.jwtPublicKeyInvalid, message)
         }
     }

@@ -177,30 +177,24 @@ final class VerifyingKey: @unchecked Sendable {
     /// JOSE's ES256 signature, r‖s of 32 bytes each (RFC 7518 §3.4), as the DER `ECDSA-Sig-Value` libcrypto
     /// verifies; nil for any other length.
     static func derECDSASignature(raw: [UInt8]) -> [UInt8]? {
+        defer { ERR_clear_error() }
         guard raw.count == 64, let signature = ECDSA_SIG_new() else { return nil }
         defer { ECDSA_SIG_free(signature) }
         let r = raw.withUnsafeBufferPointer { BN_bin2bn($0.baseAddress, 32, nil) }
         let s = raw.withUnsafeBufferPointer { BN_bin2bn($0.baseAddress! + 32, 32, nil) }
-        guard let r, let s else {
+        // The signature owns r and s once ECDSA_SIG_set0 takes them; until then they are freed here.
+        guard let r, let s, ECDSA_SIG_set0(signature, r, s) == 1 else {
             BN_free(r)
             BN_free(s)
-            ERR_clear_error()
-            return nil
-        }
-        guard ECDSA_SIG_set0(signature, r, s) == 1 else {  // the signature owns r and s from here
-            BN_free(r)
-            BN_free(s)
-            ERR_clear_error()
             return nil
         }
         let length = i2d_ECDSA_SIG(signature, nil)
-        guard length > 0 else { ERR_clear_error(); return nil }
+        guard length > 0 else { return nil }
         var der = [UInt8](repeating: 0, count: Int(length))
         let written = der.withUnsafeMutableBufferPointer { buffer -> Int32 in
             var cursor = buffer.baseAddress
             return i2d_ECDSA_SIG(signature, &cursor)
         }
-        guard written == length else { ERR_clear_error(); return nil }
-        return der
+        return written == length ? der : nil
     }
 }

@@ -6,19 +6,22 @@ import HealthMetrics
 public enum TokenKeyError: CodedError, Sendable {
     /// Neither a secret nor a public key is configured.
     case noKey(String)
+    /// libcrypto would not key HMAC-SHA-256 with the secret (it could not allocate, or has no HMAC).
+    case unusableSecret(String)
     /// The public key file holds a private key, or a key of a kind or size metricsd does not verify with.
     case unusablePublicKey(String)
 
     public var errorCode: String {
         switch self {
         case .noKey: "config.no_jwt_key"
+        case .unusableSecret: "config.jwt_secret_unusable"
         case .unusablePublicKey: "config.jwt_public_key_invalid"
         }
     }
 
     public var message: String {
         switch self {
-        case .noKey(let message), .unusablePublicKey(let message): message
+        case .noKey(let message), .unusableSecret(let message), .unusablePublicKey(let message): message
         }
     }
 

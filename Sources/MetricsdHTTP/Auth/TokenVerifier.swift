@@ -34,7 +34,7 @@ public struct TokenVerifier: Sendable {
     public init(_ configuration: TokenConfiguration) throws(TokenKeyError) {
         if let secret = configuration.hmacSecret {
             guard let keyed = KeyedHMACSHA256(key: Array(secret.utf8)) else {
-                throw TokenKeyError.noKey("the JWT secret could not be used as an HMAC-SHA-256 key (libcrypto refused it)")
+                throw TokenKeyError.unusableSecret("the JWT secret could not be used as an HMAC-SHA-256 key (libcrypto refused it)")
             }
             self.keyedHMAC = keyed
         } else {
