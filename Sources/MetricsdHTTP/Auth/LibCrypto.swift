@@ -121,16 +121,27 @@ final class VerifyingKey: @unchecked Sendable {
         // Set up a verification once now: libcrypto then holds the key in its provider's form for every later
         // check, and a key it cannot verify with is refused at start-up rather than on the first request.
         if self.kind != .other {
-            guard let context = EVP_MD_CTX_new() else { throw Refusal(reason: "libcrypto could not allocate") }
-            defer { EVP_MD_CTX_free(context) }
-            let digest = self.kind == .ed25519 ? nil : EVP_sha256()
-            guard EVP_DigestVerifyInit(context, nil, digest, nil, decoded) == 1 else {
+            guard let context = self.verificationContext() else {
                 throw Refusal(reason: Self.libcryptoReason() ?? "libcrypto cannot verify signatures with this key")
             }
+            EVP_MD_CTX_free(context)
         }
     }
 
-    /// The label and DER of the first `-----BEGIN PUBLIC KEY-----` or `-----BEGIN RSA PUBLIC KEY-----` block.
+    /// A digest-verify context set up for this key: Ed25519 signs the message itself, ECDSA and RSA its SHA-256.
+    /// nil when libcrypto refuses (its error stays queued); the caller frees the context.
+    private func verificationContext() -> OpaquePointer? {
+        guard let context = EVP_MD_CTX_new() else { return nil }
+        let digest = self.kind == .ed25519 ? nil : EVP_sha256()
+        guard EVP_DigestVerifyInit(context, nil, digest, nil, self.key) == 1 else {
+            EVP_MD_CTX_free(context)
+            return nil
+        }
+        return context
+    }
+
+    /// The label and DER of the first `-----BEGIN PUBLIC KEY-----` block, else of the first
+    /// `-----BEGIN RSA PUBLIC KEY-----` block.
     private static func firstPublicKeyBlock(_ pem: String) throws(Refusal) -> (label: String, der: [UInt8]) {
         let lines = pem.split(whereSeparator: \.isNewline).map { line in
             String(line.drop(while: \.isWhitespace).reversed().drop(while: \.isWhitespace).reversed())
@@ -155,7 +166,7 @@ final class VerifyingKey: @unchecked Sendable {
         guard code != 0 else { return nil }
         var text = [CChar](repeating: 0, count: 256)
         ERR_error_string_n(code, &text, text.count)
-        return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }  // NUL-terminated by libcrypto
     }
 
     deinit { EVP_PKEY_free(self.key) }
@@ -164,13 +175,9 @@ final class VerifyingKey: @unchecked Sendable {
     /// RSASSA-PKCS1-v1_5 over its SHA-256. `signature` is what libcrypto takes: for ECDSA the DER form (see
     /// ``derECDSASignature(raw:)``).
     func verifies(_ signature: [UInt8], of message: [UInt8]) -> Bool {
-        guard let context = EVP_MD_CTX_new() else { ERR_clear_error(); return false }
-        defer {
-            EVP_MD_CTX_free(context)
-            ERR_clear_error()
-        }
-        let digest = self.kind == .ed25519 ? nil : EVP_sha256()
-        guard EVP_DigestVerifyInit(context, nil, digest, nil, self.key) == 1 else { return false }
+        defer { ERR_clear_error() }
+        guard let context = self.verificationContext() else { return false }
+        defer { EVP_MD_CTX_free(context) }
         return EVP_DigestVerify(context, signature, signature.count, message, message.count) == 1
     }
 

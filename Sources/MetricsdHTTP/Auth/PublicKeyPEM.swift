@@ -1,9 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// A PEM public key metricsd can verify tokens with, and the one algorithm it is used for; parsing it is
 /// synchronous, so configuration checks it early. libcrypto decodes the keys and checks the signatures.
 enum PublicKeyPEM: Sendable {
@@ -22,11 +16,7 @@ enum PublicKeyPEM: Sendable {
         do {
             key = try VerifyingKey(pem: pem)
         } catch {
-            if Self.looksLikeRSA(pem) {
-                throw TokenKeyError.unusablePublicKey(
-                    "the JWT public key is an RSA key metricsd cannot use: RS256 needs an RSA public key of at least 2048 bits (PEM, BEGIN PUBLIC KEY)"
-                )
-            }
+            // An RSA key of any size that libcrypto reads reaches `.rsa(bits)` below; this one it could not read.
             throw TokenKeyError.unusablePublicKey(
                 "the JWT public key is not an Ed25519, P-256 or RSA public key in PEM form (\(error.reason))")
         }
@@ -69,17 +59,5 @@ enum PublicKeyPEM: Sendable {
             // RS256 is RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3), libcrypto's default padding for an RSA key.
             return key.verifies(signature, of: signed)
         }
-    }
-
-    /// Whether a PEM that did not parse is an RSA key (too small, or PKCS#1 rather than SubjectPublicKeyInfo),
-    /// for a message that says so: its header says RSA, or its DER holds the rsaEncryption OID 1.2.840.113549.1.1.1.
-    private static func looksLikeRSA(_ pem: String) -> Bool {
-        if pem.contains("BEGIN RSA PUBLIC KEY") { return true }
-        let base64 = pem.split(whereSeparator: \.isNewline).filter { !$0.hasPrefix("-----") }.joined()
-        guard let der = Data(base64Encoded: base64) else { return false }
-        let oid: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01]
-        let bytes = Array(der)
-        guard bytes.count >= oid.count else { return false }
-        return (0...(bytes.count - oid.count)).contains { Array(bytes[$0..<($0 + oid.count)]) == oid }
     }
 }
