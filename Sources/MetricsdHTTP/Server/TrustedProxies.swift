@@ -116,7 +116,7 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
         var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
         let family = bytes.count == 4 ? AF_INET : AF_INET6
         let ok = bytes.withUnsafeBytes { inet_ntop(family, $0.baseAddress, &buffer, socklen_t(buffer.count)) != nil }
-        return ok ? String(cString: buffer) : "?"
+        return ok ? buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) } : "?"
     }
 
     /// A connection's remote address, as logged and as matched.
