@@ -144,22 +144,58 @@ package final class LatestMetricsBatcher: Service, Sendable {
         for runner in sleeping { runner.resume(returning: false) }
     }
 
-    /// One statement for the waiters' users; resumes every waiter.
+    /// One statement for the waiters' users; resumes every waiter. On the primary, the batches that arrive
+    /// meanwhile run on the same pool thread and connection (see ``drain(_:)``).
     private func execute(_ waiters: [Waiter]) async {
+        guard let replicas = self.replicas else {
+            await self.drain(waiters)
+            return
+        }
         let unique = Array(Set(waiters.map(\.userID)))
         do {
-            let found: [Int64: LatestMetrics]
-            if let replicas = self.replicas {
-                found = try await replicas.read(userIDs: unique)
-            } else {
-                found = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-                    try PostgresStore.readLatest(userIDs: unique, on: connection)
-                }
-            }
+            let found = try await replicas.read(userIDs: unique)
             for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
         } catch {
             for waiter in waiters { waiter.resumption.resume(.failure(error)) }
         }
+    }
+
+    /// The most batches one runner runs on a connection before giving it back to the pool (which then recycles
+    /// a session past its maximum age, and lets the other callers waiting for a connection have their turn).
+    static let batchesPerConnection = 64
+
+    /// Runs `first`, then each batch that waits once it is done, on one pool thread and one connection, until
+    /// nobody waits (or ``batchesPerConnection``). Under load this is the whole cost of a batch: the statement
+    /// and one hop per waiter back to its event loop, instead of two more hops between Swift's threads and the
+    /// pool's for every batch. A batch whose statement fails on a lost connection runs once more on a fresh one
+    /// (the pool's retry; the batches already answered are not repeated); any other failure fails that batch.
+    private func drain(_ first: [Waiter]) async {
+        let current = Current(first)
+        let maxBatch = self.maxBatch
+        do {
+            try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                for _ in 0..<Self.batchesPerConnection {
+                    let waiters = current.batch.withLock { $0 }
+                    if waiters.isEmpty { return }
+                    let found = try PostgresStore.readLatest(userIDs: Array(Set(waiters.map(\.userID))), on: connection)
+                    for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
+                    let next = self.state.withLock { Self.take(&$0.pending, upTo: maxBatch) }
+                    current.batch.withLock { $0 = next }
+                }
+            }
+        } catch {
+            for waiter in current.batch.withLock({ $0 }) { waiter.resumption.resume(.failure(error)) }
+            return
+        }
+        // Batches taken on the last turn and not run yet: run them on the next connection.
+        let left = current.batch.withLock { $0 }
+        if !left.isEmpty { await self.drain(left) }
+    }
+
+    /// The batch a drain is running or about to run, where its failure handler finds it.
+    private final class Current: Sendable {
+        let batch: Mutex<[Waiter]>
+        init(_ batch: [Waiter]) { self.batch = Mutex(batch) }
     }
 
     private static func take(_ pending: inout [Waiter], upTo count: Int) -> [Waiter] {

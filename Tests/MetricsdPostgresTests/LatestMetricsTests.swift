@@ -2,6 +2,7 @@ import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
+import Synchronization
 import Testing
 
 @testable import MetricsdPostgres
@@ -110,6 +111,66 @@ import Testing
         }
     }
 
+    /// Under load one runner runs batch after batch on one connection, and gives the connection back every
+    /// `batchesPerConnection` batches: with batches of two and one runner, twenty thousand waiting callers (callbacks,
+    /// as the HTTP read uses) span many such turns, and every one is answered with its own user's row, once. A
+    /// backend terminated in the middle of the turns costs nobody an answer: the batch it broke runs again on a
+    /// fresh connection.
+    @Test func oneRunnerDrainsManyBatchesAcrossConnectionsAndALostBackend() async throws {
+        try await withTestDatabase { database in
+            try await database.execute(
+                """
+                INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, 100) g;
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT u, 20.0, 1000 + u, 2000 + u, 1, '2026-01-01', '2026-01-01T00:05:00Z'
+                FROM generate_series(1, 100) u WHERE u % 9 <> 0;
+                """)
+            let batcher = LatestMetricsBatcher(pool: database.pool, maxRunners: 1, maxBatch: 2)
+            let service = Task { await batcher.run() }
+            defer { service.cancel() }
+            let count = 20_000
+            let answers = Shared<[Int64: [Int64?]]>([:])
+            let failures = Shared<[String]>([])
+            let answeredAtTermination = Shared<Int>(-1)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    // Terminates the runner's backend while the callers below are being answered.
+                    try await Task.sleep(for: .milliseconds(50))
+                    try await database.execute(
+                        """
+                        SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                        WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+                        """)
+                    let answered = answers.withLock { $0.values.map(\.count).reduce(0, +) }
+                    answeredAtTermination.withLock { $0 = answered }
+                }
+                try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+                    let left = Shared<Int>(count)
+                    for index in 0..<count {
+                        let userID = Int64(index % 100 + 1)
+                        batcher.load(userID: userID) { result in
+                            switch result {
+                            case .success(let latest): answers.withLock { $0[userID, default: []].append(latest.map { Int64($0.metrics.bmr) }) }
+                            case .failure(let error): failures.withLock { $0.append("user \(userID): \(error)") }
+                            }
+                            if left.withLock({ $0 -= 1; return $0 }) == 0 { done.resume() }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(failures.withLock { $0 } == [])
+            let atTermination = answeredAtTermination.withLock { $0 }
+            #expect(atTermination > 0 && atTermination < count, "the backend was terminated after \(atTermination) answers")
+            let all = answers.withLock { $0 }
+            #expect(all.values.map(\.count).reduce(0, +) == count)
+            for (userID, bmrs) in all {
+                let expected: Int64? = userID % 9 == 0 ? nil : 1000 + userID
+                #expect(bmrs.allSatisfy { $0 == expected }, "user \(userID): \(bmrs)")
+            }
+        }
+    }
+
     @Test func justOnboardedUserIsComputedOnTheSpot() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(7, timezone: "Asia/Kathmandu")])
@@ -146,4 +207,11 @@ import Testing
             }
         }
     }
+}
+
+/// A value several closures share (a `Mutex` itself cannot be captured).
+private final class Shared<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+    init(_ value: Value) { self.mutex = Mutex(value) }
+    func withLock<T>(_ body: (inout Value) -> T) -> T { self.mutex.withLock { body(&$0) } }
 }
