@@ -34,6 +34,16 @@ import Testing
         #expect(seen.count == body.count * 8 + 1)
     }
 
+    /// The digest reads eight bytes at a time and pads the last word with zeros: bodies that differ only in how
+    /// many zero bytes they end with, and bodies around every word boundary, still get tags of their own.
+    @Test func lengthsAndWordBoundariesGetTheirOwnTags() {
+        let zeros = (0...24).map { EntityTag.strong(of: ByteBuffer(bytes: [UInt8](repeating: 0, count: $0))) }
+        #expect(Set(zeros).count == zeros.count)
+        let prefixes = (0...24).map { EntityTag.strong(of: ByteBuffer(bytes: Array("abcdefghijklmnopqrstuvwx".utf8.prefix($0)))) }
+        #expect(Set(prefixes).count == prefixes.count)
+        #expect(self.tag("metrics") == self.tag("metrics"), "the same bytes, the same tag")
+    }
+
     @Test func starMatchesAnyRepresentation() {
         let condition = IfNoneMatch(fieldLines: ["*"])
         #expect(condition == .any)
