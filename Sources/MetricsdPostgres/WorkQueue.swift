@@ -1,4 +1,9 @@
 import CoreMetrics
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 import HealthMetrics
 import Logging
 
@@ -77,6 +82,18 @@ public struct WorkQueue: Sendable {
                     DELETE FROM known_timezones WHERE name NOT IN (SELECT name FROM pg_timezone_names)
                     """)
             }
+        }
+    }
+
+    /// The database server's wall clock, in seconds since 1970, and how far it is ahead of this host's
+    /// (negative: behind), measured against the middle of the round trip.
+    public func databaseClock() async throws -> (now: Double, offset: Double) {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let before = Date().timeIntervalSince1970
+            let result = try connection.query("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+            let after = Date().timeIntervalSince1970
+            let now = Double(try result.int(0, 0)) / 1_000_000
+            return (now, now - (before + after) / 2)
         }
     }
 

@@ -42,6 +42,9 @@ public struct Scheduler: Service {
     let status: StatusBoard
     let reporter: OperatorMetrics
     let logger: Logger
+    /// How far the database's wall clock is ahead of this host's, in seconds, as last measured: the minute ticks are
+    /// aligned to the database's minutes, on whose clock units fall due.
+    private let databaseClockOffset = SharedOffset()
 
     package init(
         queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
@@ -83,7 +86,8 @@ public struct Scheduler: Service {
                 let now = ContinuousClock.now
                 if now >= nextTick {
                     ticks += 1
-                    nextTick = Self.nextTick(after: now, interval: self.configuration.tick)
+                    nextTick = Self.nextTick(
+                        after: now, interval: self.configuration.tick, databaseClockOffset: self.databaseClockOffset.value)
                     let refresh = lastTimezoneRefresh.map { now - $0 > .seconds(3600) } ?? true
                     if refresh { lastTimezoneRefresh = now }
                     if tickRunning.set() {
@@ -104,23 +108,46 @@ public struct Scheduler: Service {
         }
     }
 
-    /// The next tick: every `interval`, aligned to wall-clock minutes (plus one second) when the interval is a
-    /// whole number of minutes, so runs start within about a second of the due minute.
-    static func nextTick(after now: ContinuousClock.Instant, interval: Duration) -> ContinuousClock.Instant {
+    /// How long after the database's minute an aligned tick starts: every daily time falls on a whole minute of
+    /// the database's clock, so the unit starts this soon after it is due. The clock offset is measured at each
+    /// tick and is good to a round trip; a tick that still comes early waits in ``tick(refreshTimezones:)``.
+    static let alignment = 0.1
+
+    /// The next tick: every `interval`, aligned to the database clock's minutes (plus ``alignment``) when the
+    /// interval is a whole number of minutes, so units start within a fraction of a second of falling due.
+    static func nextTick(
+        after now: ContinuousClock.Instant, interval: Duration, databaseClockOffset: Double,
+        wallClock: Double = Date().timeIntervalSince1970
+    ) -> ContinuousClock.Instant {
         guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return now + interval }
-        let wall = Date().timeIntervalSince1970
-        let intoMinute = wall.truncatingRemainder(dividingBy: 60)
-        var untilAligned = (61 - intoMinute).truncatingRemainder(dividingBy: 60)
-        // A tick that woke a hair before second 1 on the wall clock (the sleep runs on the monotonic clock) would
-        // otherwise schedule the next one for right now: one tick per minute, not two.
-        if untilAligned < 1 { untilAligned += 60 }
+        let intoMinute = (wallClock + databaseClockOffset).truncatingRemainder(dividingBy: 60)
+        var untilAligned = (60 + Self.alignment - intoMinute).truncatingRemainder(dividingBy: 60)
+        // A tick that woke a hair before its aligned instant (the sleep runs on the monotonic clock) would otherwise
+        // schedule the next one for right now: one tick per minute, not two. An aligned instant less than
+        // `alignment` away is skipped only when this tick is already past the minute it stands for.
+        if untilAligned < Self.alignment { untilAligned += 60 }
         let base = now + .milliseconds(Int64(untilAligned * 1000))
         return base + interval - .seconds(60)
+    }
+
+    /// Before a minute tick's work: measures the database clock, and when the tick came early (the database is
+    /// still in the last second of the previous minute: the offset moved since it was measured), waits for the
+    /// database's minute, so a unit due at it is not left for the next tick.
+    private func alignToDatabaseMinute() async throws {
+        let interval = self.configuration.tick
+        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return }
+        let clock = try await self.queue.databaseClock()
+        self.databaseClockOffset.value = clock.offset
+        let intoMinute = clock.now.truncatingRemainder(dividingBy: 60)
+        if intoMinute >= 59 {
+            try await Task.sleep(for: .milliseconds(Int64((60 - intoMinute + Self.alignment / 2) * 1000)))
+        }
     }
 
     private func tick(refreshTimezones: Bool) async {
         do {
             if refreshTimezones { try await self.queue.refreshKnownTimezones() }
+            try await self.alignToDatabaseMinute()
             let dailyAt = self.dailyAt.value
             let units = try await self.queue.enqueueDueUnits(dailyAt: dailyAt)
             for unit in units {
@@ -283,5 +310,14 @@ public struct Scheduler: Service {
     static func shortReason(_ error: any Error) -> String {
         let text = "\(error)"
         return text.count > 80 ? String(text.prefix(79)) + "…" : text
+    }
+}
+
+/// The database clock's offset, shared by the tick loop and the ticks it starts.
+private final class SharedOffset: Sendable {
+    private let seconds = Mutex<Double>(0)
+    var value: Double {
+        get { self.seconds.withLock { $0 } }
+        set { self.seconds.withLock { $0 = newValue } }
     }
 }
