@@ -66,10 +66,32 @@ import Testing
     /// A malformed field is ignored (nil): the client gets the full reply, never a 304 it did not ask for.
     @Test(arguments: [
         "", "   ", "abc", "\"unterminated", "\"a\" \"b\"", "W/abc", "w/\"a\"", "\"a\";", "*, \"a\"", "\"in side\"",
-        "\"a\"x", "**",
+        "\"a\"x", "**", "W", "W/", "\"", "* x", "\"a\" W", "\"a\\\"b\"", "\"a\u{7F}\"",
     ])
     func malformedFieldsAreIgnored(_ value: String) {
         #expect(IfNoneMatch(fieldLines: [value]) == nil, "\(value)")
+    }
+
+    /// What a valid field line holds, read byte by byte: the tags in order, weak ones marked, OWS and empty list
+    /// elements around them.
+    @Test func validFieldLinesGiveTheirTags() throws {
+        let cases: [(String, [(String, Bool)])] = [
+            ("\"a\"", [("a", false)]),
+            ("  \"abc\"\t", [("abc", false)]),
+            ("W/\"a\", \"b\"", [("a", true), ("b", false)]),
+            (", ,\"a\" ,\t,\"b\",", [("a", false), ("b", false)]),
+            ("\"\"", [("", false)]),
+            ("\"caf\u{E9}\"", [("caf\u{E9}", false)]),
+        ]
+        for (line, expected) in cases {
+            let parsed = try #require(IfNoneMatch(fieldLines: [line]), "\(line)")
+            guard case .tags(let tags) = parsed else {
+                Issue.record("\(line): not a list of tags")
+                continue
+            }
+            #expect(tags.map { (String($0.opaque), $0.isWeak) }.elementsEqual(expected, by: ==), "\(line)")
+        }
+        #expect(IfNoneMatch(fieldLines: [" * "]) == .any)
     }
 
     @Test func noFieldLineIsNoCondition() {

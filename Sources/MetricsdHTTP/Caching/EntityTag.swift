@@ -63,5 +63,6 @@ package struct EntityTag: Hashable, Sendable, CustomStringConvertible {
 
     /// RFC 9110 §8.8.3.2 weak comparison: the opaque strings are equal, whether either tag is weak or not
     /// (the comparison `If-None-Match` uses).
-    package func weaklyMatches(_ other: EntityTag) -> Bool { self.opaque == other.opaque }
+    /// Compared octet by octet, as the RFC says (not as Unicode text).
+    package func weaklyMatches(_ other: EntityTag) -> Bool { self.opaque.utf8.elementsEqual(other.opaque.utf8) }
 }
