@@ -112,9 +112,17 @@ func bearerToken(_ header: String?) throws(AppError) -> Substring {
     guard let header else {
         throw AppError.unauthorized(.tokenMissing, "missing bearer token")
     }
-    let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-    guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else {
+    // Read as bytes (no array, no lowercased copy: this runs on every authenticated request): spaces before the
+    // scheme are skipped, the scheme is `Bearer` in any case, and the token is everything after the space that
+    // ends it.
+    let bytes = header.utf8
+    var start = bytes.startIndex
+    while start < bytes.endIndex, bytes[start] == UInt8(ascii: " ") { start = bytes.index(after: start) }
+    guard let space = bytes[start...].firstIndex(of: UInt8(ascii: " ")),
+        bytes[start..<space].elementsEqual("bearer".utf8, by: { $0 | 0x20 == $1 }),
+        bytes.index(after: space) < bytes.endIndex
+    else {
         throw AppError.unauthorized(.authorizationMalformed, "malformed Authorization header: expected 'Bearer <token>'")
     }
-    return parts[1]
+    return header[bytes.index(after: space)...]
 }
