@@ -29,6 +29,18 @@ import Testing
         WorkQueue(pool: database.pool, formula: .current, owner: owner, logger: database.logger)
     }
 
+    /// The database clock the minute ticks align to: the server's own time, and its offset from this host's,
+    /// which for a server on this host is a round trip at most.
+    @Test func databaseClockIsTheServersAndItsOffsetIsMeasured() async throws {
+        try await withTestDatabase { database in
+            let before = Date().timeIntervalSince1970
+            let clock = try await Self.queue(database).databaseClock()
+            let after = Date().timeIntervalSince1970
+            #expect(clock.now >= before - 0.5 && clock.now <= after + 0.5, "\(clock.now) not within [\(before), \(after)]")
+            #expect(abs(clock.offset) < 0.5, "offset \(clock.offset) s from a server on this host")
+        }
+    }
+
     @Test func fixtureMatchesTheSystemTimeZoneDatabase() throws {
         let header = try String(contentsOfFile: "/usr/share/zoneinfo/tzdata.zi", encoding: .utf8).prefix(40)
         #expect(

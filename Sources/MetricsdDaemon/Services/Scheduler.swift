@@ -132,22 +132,27 @@ public struct Scheduler: Service {
 
     /// Before a minute tick's work: measures the database clock, and when the tick came early (the database is
     /// still in the last second of the previous minute: the offset moved since it was measured), waits for the
-    /// database's minute, so a unit due at it is not left for the next tick.
-    private func alignToDatabaseMinute() async throws {
+    /// database's minute, so a unit due at it is not left for the next tick. False: a stop came meanwhile.
+    private func alignToDatabaseMinute() async throws -> Bool {
         let interval = self.configuration.tick
-        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return }
+        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return true }
         let clock = try await self.queue.databaseClock()
         self.databaseClockOffset.value = clock.offset
         let intoMinute = clock.now.truncatingRemainder(dividingBy: 60)
-        if intoMinute >= 59 {
-            try await Task.sleep(for: .milliseconds(Int64((60 - intoMinute + Self.alignment / 2) * 1000)))
+        guard intoMinute >= 59 else { return true }
+        let wait = Duration.milliseconds(Int64((60 - intoMinute + Self.alignment / 2) * 1000))
+        do {
+            try await cancelWhenGracefulShutdown { try await Task.sleep(for: wait) }
+            return true
+        } catch {
+            return false
         }
     }
 
     private func tick(refreshTimezones: Bool) async {
         do {
             if refreshTimezones { try await self.queue.refreshKnownTimezones() }
-            try await self.alignToDatabaseMinute()
+            guard try await self.alignToDatabaseMinute() else { return }
             let dailyAt = self.dailyAt.value
             let units = try await self.queue.enqueueDueUnits(dailyAt: dailyAt)
             for unit in units {
