@@ -44,7 +44,7 @@ public struct Scheduler: Service {
     let logger: Logger
     /// How far the database's wall clock is ahead of this host's, in seconds, as last measured: the minute ticks are
     /// aligned to the database's minutes, on whose clock units fall due.
-    private let databaseClockOffset = SharedOffset()
+    private let databaseClockOffset = ReadMostly<Double>(0)
 
     package init(
         queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
@@ -113,13 +113,18 @@ public struct Scheduler: Service {
     /// tick and is good to a round trip; a tick that still comes early waits in ``tick(refreshTimezones:)``.
     static let alignment = 0.1
 
+    /// Whether ticks of this interval are aligned to the database's minutes: whole minutes (a fraction of a second ignored).
+    static func alignsToMinutes(_ interval: Duration) -> Bool {
+        interval >= .seconds(60) && interval.components.seconds % 60 == 0
+    }
+
     /// The next tick: every `interval`, aligned to the database clock's minutes (plus ``alignment``) when the
     /// interval is a whole number of minutes, so units start within a fraction of a second of falling due.
     static func nextTick(
         after now: ContinuousClock.Instant, interval: Duration, databaseClockOffset: Double,
         wallClock: Double = Date().timeIntervalSince1970
     ) -> ContinuousClock.Instant {
-        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return now + interval }
+        guard Self.alignsToMinutes(interval) else { return now + interval }
         let intoMinute = (wallClock + databaseClockOffset).truncatingRemainder(dividingBy: 60)
         var untilAligned = (60 + Self.alignment - intoMinute).truncatingRemainder(dividingBy: 60)
         // A tick that woke a hair before its aligned instant (the sleep runs on the monotonic clock) would otherwise
@@ -134,8 +139,7 @@ public struct Scheduler: Service {
     /// still in the last second of the previous minute: the offset moved since it was measured), waits for the
     /// database's minute, so a unit due at it is not left for the next tick. False: a stop came meanwhile.
     private func alignToDatabaseMinute() async throws -> Bool {
-        let interval = self.configuration.tick
-        guard interval >= .seconds(60), interval.components.seconds % 60 == 0 else { return true }
+        guard Self.alignsToMinutes(self.configuration.tick) else { return true }
         let clock = try await self.queue.databaseClock()
         self.databaseClockOffset.value = clock.offset
         let intoMinute = clock.now.truncatingRemainder(dividingBy: 60)
@@ -318,11 +322,3 @@ public struct Scheduler: Service {
     }
 }
 
-/// The database clock's offset, shared by the tick loop and the ticks it starts.
-private final class SharedOffset: Sendable {
-    private let seconds = Mutex<Double>(0)
-    var value: Double {
-        get { self.seconds.withLock { $0 } }
-        set { self.seconds.withLock { $0 = newValue } }
-    }
-}

@@ -48,14 +48,7 @@ package struct EntityTag: Hashable, Sendable, CustomStringConvertible {
         hash ^= hash >> 33
         hash &*= 0xc4ce_b9fe_1a85_ec53
         hash ^= hash >> 33
-        let hex = String(unsafeUninitializedCapacity: 16) { buffer in
-            for index in 0..<16 {
-                let nibble = UInt8(truncatingIfNeeded: hash >> UInt64(60 - 4 * index)) & 0xF
-                buffer[index] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
-            }
-            return 16
-        }
-        return EntityTag(opaque: Substring(hex))
+        return EntityTag(opaque: Substring(hash.hexDigits))
     }
 
     /// The field value: `"…"` or `W/"…"`.

@@ -34,13 +34,7 @@ extension APIDispatcher {
         value = (value ^ (value >> 30)) &* 0xBF58_476D_1CE4_E5B9
         value = (value ^ (value >> 27)) &* 0x94D0_49BB_1331_11EB
         value ^= value >> 31
-        return String(unsafeUninitializedCapacity: 16) { buffer in
-            let digits: StaticString = "0123456789abcdef"
-            for index in 0..<16 {
-                buffer[index] = digits.utf8Start[Int((value >> UInt64(60 - 4 * index)) & 0xF)]
-            }
-            return 16
-        }
+        return value.hexDigits
     }
 
     private static let requestSeed: UInt64 = {
@@ -125,4 +119,17 @@ func bearerToken(_ header: String?) throws(AppError) -> Substring {
         throw AppError.unauthorized(.authorizationMalformed, "malformed Authorization header: expected 'Bearer <token>'")
     }
     return header[bytes.index(after: space)...]
+}
+
+extension UInt64 {
+    /// The value as 16 lowercase hex digits, leading zeros kept (request ids, entity tags).
+    var hexDigits: String {
+        String(unsafeUninitializedCapacity: 16) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            for index in 0..<16 {
+                buffer[index] = digits.utf8Start[Int((self >> UInt64(60 - 4 * index)) & 0xF)]
+            }
+            return 16
+        }
+    }
 }
