@@ -193,7 +193,7 @@ import Testing
     @Test func unknownUserGets404() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
-            try await APIServer.run(database: database) { port in
+            _ = try await APIServer.run(database: database) { port in
                 expectErrorBody(try await API.today(port: port, user: 999), status: 404, code: .userUnknown)
             }
         }

@@ -557,7 +557,7 @@ import Testing
     /// Bad key configuration stops `metricsd serve` before it does anything: exit 1 and one clear line, no stack.
     @Test func keyConfigurationErrorsFailStartUpWithOneClearLine() async throws {
         let privateEd25519 = Curve25519.Signing.PrivateKey()
-        let privateEdPEM = try EdDSA.PrivateKey(backing: privateEd25519).pemRepresentation
+        let privateEdPEM = EdDSA.PrivateKey(backing: privateEd25519).pemRepresentation
         // The code says which failure; where one code covers several (an unusable public key), the words say why.
         let cases: [(String, [String: String], ConfigurationError.Kind, String?)] = [
             ("public key file holds a private key (Ed25519)",

@@ -254,7 +254,7 @@ final class TestConnection {
             HTTPConnectionHandler(
                 dispatcher: dispatcher, worker: ConnectionWorker(), timeouts: ConnectionHandlerTests.timeouts,
                 now: self.channel.embeddedEventLoop.now))
-        try self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
+        try await self.channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).get()
     }
 
     func send(_ text: String) throws {

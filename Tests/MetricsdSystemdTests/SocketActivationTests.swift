@@ -20,22 +20,12 @@ import Testing
             ([(3, "admin")], "systemd passed a socket named admin: name it FileDescriptorName=public or FileDescriptorName=internal"),
         ]
         for (passed, message) in cases {
-            #expect(throws: SocketActivationError.self) { try SocketActivation.classify(passed) { _ in true } }
-            do {
-                _ = try SocketActivation.classify(passed) { _ in true }
-            } catch let error as SocketActivationError {
-                #expect(error.message == message)
-            } catch {
-                Issue.record("unexpected \(error)")
-            }
+            let error = #expect(throws: SocketActivationError.self) { try SocketActivation.classify(passed) { _ in true } }
+            #expect(error?.message == message)
         }
-        do {
-            _ = try SocketActivation.classify([(3, "public")]) { _ in false }
-            Issue.record("a descriptor that is no listening stream socket was accepted")
-        } catch let error as SocketActivationError {
-            #expect(error.message == "the socket public from systemd is not a listening stream socket: use ListenStream=")
-        } catch {
-            Issue.record("unexpected \(error)")
+        let error = #expect(throws: SocketActivationError.self) {
+            try SocketActivation.classify([(3, "public")]) { _ in false }
         }
+        #expect(error?.message == "the socket public from systemd is not a listening stream socket: use ListenStream=")
     }
 }

@@ -72,8 +72,11 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
         let secret = "test-jwt-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
         let admin = "test-admin-token-0123456789"
         // 0600, as a secret file should be (the daemon warns about one that every local user can read).
-        FileManager.default.createFile(atPath: directory + "/jwt-secret", contents: Data(secret.utf8), attributes: [.posixPermissions: 0o600])
-        FileManager.default.createFile(atPath: directory + "/admin-token", contents: Data(admin.utf8), attributes: [.posixPermissions: 0o600])
+        for (name, text) in [("jwt-secret", secret), ("admin-token", admin)] {
+            let written = FileManager.default.createFile(
+                atPath: directory + "/" + name, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600])
+            precondition(written, "cannot write \(directory)/\(name)")
+        }
         return (directory, secret, admin)
     }()
 
