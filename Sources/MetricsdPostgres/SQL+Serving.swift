@@ -1,28 +1,29 @@
 extension SQL {
     // MARK: Serving
 
-    /// The user's newest metrics row, through `profile_metrics_user_computed_at_idx` (never `CURRENT_DATE`),
-    /// with the acknowledgement that matches exactly that row, if any. `$1` user id.
+    /// The user's newest metrics row (never by `CURRENT_DATE`), kept in `profile_metrics_latest` by triggers on
+    /// `profile_metrics` (one primary-key probe, however deep the history), with the acknowledgement that matches
+    /// exactly that row, if any. `$1` user id.
     static let latestMetrics = """
         SELECT pm.bmi::text, pm.bmr, pm.tdee, pm.version,
                (extract(epoch FROM pm.computed_at) * 1000)::bigint,
                (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
-        FROM (SELECT bmi, bmr, tdee, version, computed_at FROM profile_metrics
-              WHERE user_id = $1 ORDER BY computed_at DESC LIMIT 1) pm
+        FROM profile_metrics_latest pm
         LEFT JOIN metrics_acknowledgements a
           ON a.user_id = $1 AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
+        WHERE pm.user_id = $1
         """
 
     /// `latestMetrics` for many users in one statement (`$1` a bigint array): one row per user who has metrics,
-    /// the user id first. Each user's row is found by the same `LIMIT 1` probe of the `(user_id, computed_at DESC)`
-    /// index (a nested loop over the array); users without metrics have no row.
+    /// the user id first. Each user's row is found by the same primary-key probe of `profile_metrics_latest` (a
+    /// nested loop over the array); users without metrics have no row.
     static let latestMetricsBatch = """
         SELECT u.id, pm.bmi::text, pm.bmr, pm.tdee, pm.version,
                (extract(epoch FROM pm.computed_at) * 1000)::bigint,
                (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
         FROM unnest($1::bigint[]) AS u(id)
-        CROSS JOIN LATERAL (SELECT bmi, bmr, tdee, version, computed_at FROM profile_metrics
-                            WHERE user_id = u.id ORDER BY computed_at DESC LIMIT 1) pm
+        CROSS JOIN LATERAL (SELECT bmi, bmr, tdee, version, computed_at FROM profile_metrics_latest
+                            WHERE user_id = u.id) pm
         LEFT JOIN metrics_acknowledgements a
           ON a.user_id = u.id AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
         """
@@ -32,7 +33,7 @@ extension SQL {
     /// Returns: has metrics, names the current ones, acknowledged-at (epoch ms).
     static let acknowledge = """
         WITH latest AS (
-          SELECT version, computed_at FROM profile_metrics WHERE user_id = $1 ORDER BY computed_at DESC LIMIT 1
+          SELECT version, computed_at FROM profile_metrics_latest WHERE user_id = $1
         ),
         matching AS (
           SELECT * FROM latest WHERE version = $2 AND (extract(epoch FROM computed_at) * 1000)::bigint = $3

@@ -230,15 +230,14 @@ public struct StatusQueries: Sendable {
         }
     }
 
-    /// Users by the formula version of their latest metrics row (nil: no metrics at all). One index probe per
-    /// user: seconds on millions of users, meant for `metricsd status`, not for every scrape.
+    /// Users by the formula version of their latest metrics row (nil: no metrics at all). One primary-key probe
+    /// per user: seconds on millions of users, meant for `metricsd status`, not for every scrape.
     public func usersByLatestVersion() async throws -> [(version: Int?, users: Int)] {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.query(
                 """
                 SELECT l.version, count(*) FROM users u
-                LEFT JOIN LATERAL (SELECT version FROM profile_metrics pm WHERE pm.user_id = u.id
-                                   ORDER BY computed_at DESC LIMIT 1) l ON true
+                LEFT JOIN profile_metrics_latest l ON l.user_id = u.id
                 GROUP BY l.version ORDER BY l.version NULLS FIRST
                 """)
             return try (0..<result.rowCount).map { (try result.optionalInt($0, 0).map(Int.init), Int(try result.int($0, 1))) }

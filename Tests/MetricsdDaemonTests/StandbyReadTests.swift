@@ -165,14 +165,15 @@ import Testing
 
     // MARK: Tools
 
-    /// Rows returned by the latest-read statements on a server since it started (`pg_stat_statements`, which
-    /// shows their constants as parameters: `LIMIT 1` as `LIMIT $2`).
+    /// Rows returned by the latest-read statements on a server since it started (`pg_stat_statements`): the
+    /// statements that read `profile_metrics_latest` with the matching acknowledgement beside it.
     static func latestRows(_ member: ThrowawayCluster) async throws -> Int {
         Int(
             try await member.value(
                 """
                 SELECT coalesce(sum(rows), 0) FROM pg_stat_statements
-                WHERE query LIKE '%ORDER BY computed_at DESC LIMIT $%) pm%' AND query NOT LIKE '%pg_stat_statements%'
+                WHERE query LIKE '%profile_metrics_latest%' AND query LIKE '%LEFT JOIN metrics_acknowledgements a%'
+                  AND query NOT LIKE '%pg_stat_statements%'
                 """)) ?? -1
     }
 

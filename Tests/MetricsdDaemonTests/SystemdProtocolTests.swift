@@ -411,12 +411,13 @@ import NotifyTestSupport
                 port: port)
             _ = try await Self.ready(manager, daemon)
 
-            // Hold every read of profile_metrics until the stop is under way (libpq calls on a blocking thread).
+            // Hold every latest read (of profile_metrics_latest) until the stop is under way (libpq calls on a
+            // blocking thread).
             let settings = try ConnectionSettings(conninfo: database.url, environment: [:])
             let locker = try await TestDatabase.blocking.runIfActive {
                 let connection = try PostgresConnection(settings: settings)
                 try connection.execute("BEGIN")
-                try connection.execute("LOCK TABLE profile_metrics IN ACCESS EXCLUSIVE MODE")
+                try connection.execute("LOCK TABLE profile_metrics_latest IN ACCESS EXCLUSIVE MODE")
                 return connection
             }
             var connections: [Int32] = []
@@ -436,11 +437,11 @@ import NotifyTestSupport
             let blocked = await DaemonProcess.eventually(timeout: .seconds(10)) {
                 let count = try? await database.value(
                     """
-                    SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'profile_metrics'::regclass
+                    SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'profile_metrics_latest'::regclass
                         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     """)
                 waitingOnLock = count
-                // (≥: the scheduler's own reads of profile_metrics, on the free connections, may wait on it too)
+                // (≥: the scheduler's own writes, whose triggers keep that table, may wait on it too)
                 return (count.flatMap { Int($0) } ?? 0) >= 1
             }
             #expect(blocked, "the daemon's batched read is not waiting on the lock: \(String(describing: waitingOnLock)) waiting")

@@ -1,0 +1,206 @@
+import Foundation
+import Logging
+import NIOPosix
+import MetricsdTestSupport
+import Testing
+
+@testable import MetricsdPostgres
+
+/// `profile_metrics_latest`, the table the latest read probes: whatever is written to `profile_metrics`, and however,
+/// it holds each user's newest row (latest `computed_at`, the greater id between equal ones) and nothing else.
+/// (That the read probes only this table: `LatestMetricsTests.latestQueryUsesTheIndex`.)
+@Suite struct LatestTableTests {
+    /// Each user's newest history row, as the kept table must hold it: "user id|row id|values…" per user.
+    static let fromHistory = """
+        SELECT string_agg(concat_ws('|', user_id, id, bmi, bmr, tdee, version, metrics_date, computed_at), ';' ORDER BY user_id)
+        FROM (SELECT DISTINCT ON (user_id) * FROM profile_metrics ORDER BY user_id, computed_at DESC, id DESC) n
+        """
+    static let kept = """
+        SELECT string_agg(concat_ws('|', user_id, metrics_id, bmi, bmr, tdee, version, metrics_date, computed_at), ';' ORDER BY user_id)
+        FROM profile_metrics_latest
+        """
+
+    static func expectInStep(_ database: TestDatabase, after step: String, sourceLocation: SourceLocation = #_sourceLocation)
+        async throws
+    {
+        let history = try await database.value(Self.fromHistory)
+        let kept = try await database.value(Self.kept)
+        #expect(kept == history, "after \(step)", sourceLocation: sourceLocation)
+    }
+
+    /// A small deterministic generator, so that a failing sequence can be replayed.
+    struct Generator: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            self.state &+= 0x9E37_79B9_7F4A_7C15
+            var z = self.state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    /// 400 writes of every kind the history sees, drawn at random over 12 users and checked after each: inserts of
+    /// one row or several (several for one user in one statement, equal `computed_at`s), upserts that update, updates
+    /// that move `computed_at` either way or change only values, deletes of a newest row, of an old one, of all of a
+    /// user's rows, writes with triggers switched off for the session (`session_replication_role = replica`, as
+    /// bulk loads do), a user's deletion, and a TRUNCATE.
+    @Test func everyKindOfWriteKeepsEachUsersNewestRow() async throws {
+        try await withTestDatabase { database in
+            try await database.execute("INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, 12) g")
+            var random = Generator(state: 20_261_127)
+            var nextDay = 0
+            func row(_ user: Int, _ random: inout Generator) -> String {
+                nextDay += 1
+                let minute = Int.random(in: 0..<4, using: &random)  // equal computed_at now and then
+                let version = Int.random(in: 1...3, using: &random)
+                return "(\(user), \(Int.random(in: 150...350, using: &random)) / 10.0, \(Int.random(in: 1200...2200, using: &random)), "
+                    + "\(Int.random(in: 1500...3200, using: &random)), \(version), date '2026-01-01' + \(nextDay), "
+                    + "timestamptz '2026-03-01T00:00:00Z' + interval '1 minute' * \(minute * 1000 + Int.random(in: 0...900, using: &random)))"
+            }
+            let insert = "INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES "
+            for step in 0..<400 {
+                let user = Int.random(in: 1...12, using: &random)
+                let kind = Int.random(in: 0..<14, using: &random)
+                let sql: String
+                switch kind {
+                case 0, 1, 2:
+                    sql = insert + row(user, &random)
+                case 3:
+                    sql = insert + (0..<4).map { _ in row(Int.random(in: 1...12, using: &random), &random) }.joined(separator: ", ")
+                case 4:
+                    sql = insert + row(user, &random) + ", " + row(user, &random) + ", " + row(user, &random)
+                case 5:
+                    // An upsert on an existing row (the daily unit's repeated chunk): values and computed_at move.
+                    sql = """
+                        INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                        SELECT user_id, bmi + 0.1, bmr + 1, tdee + 1, version, metrics_date, computed_at + interval '90 minutes'
+                        FROM profile_metrics WHERE user_id = \(user) ORDER BY id LIMIT 1
+                        ON CONFLICT (metrics_date, version, user_id) DO UPDATE
+                          SET bmi = excluded.bmi, bmr = excluded.bmr, tdee = excluded.tdee,
+                              computed_at = greatest(excluded.computed_at, pm.computed_at + interval '1 millisecond')
+                        """
+                case 6:
+                    sql = "UPDATE profile_metrics SET computed_at = computed_at + interval '7 days' WHERE id = "
+                        + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY random() LIMIT 1)"
+                case 7:
+                    // Backwards: the newest row may stop being the newest.
+                    sql = "UPDATE profile_metrics SET computed_at = computed_at - interval '30 days' WHERE id = "
+                        + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at DESC, id DESC LIMIT 1)"
+                case 8:
+                    sql = "UPDATE profile_metrics SET bmr = bmr + 7 WHERE user_id = \(user)"
+                case 9:
+                    sql = "DELETE FROM profile_metrics WHERE id = "
+                        + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at DESC, id DESC LIMIT 1)"
+                case 10:
+                    sql = "DELETE FROM profile_metrics WHERE id = "
+                        + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at, id LIMIT 1)"
+                case 11:
+                    sql = Int.random(in: 0..<3, using: &random) == 0
+                        ? "DELETE FROM profile_metrics WHERE user_id = \(user)"
+                        : "DELETE FROM profile_metrics WHERE user_id IN (\(user), \(user % 12 + 1)) AND version = 2"
+                case 12:
+                    sql = "SET session_replication_role = replica; " + insert + row(user, &random)
+                        + "; DELETE FROM profile_metrics WHERE id = (SELECT min(id) FROM profile_metrics WHERE user_id = \(user % 12 + 1))"
+                        + "; SET session_replication_role = DEFAULT"
+                default:
+                    if step % 100 == 99 {
+                        sql = "TRUNCATE profile_metrics"
+                    } else if step % 50 == 13 {
+                        sql = "DELETE FROM users WHERE id = \(user); INSERT INTO users (id, timezone) VALUES (\(user), 'UTC')"
+                    } else {
+                        sql = insert + row(user, &random)
+                    }
+                }
+                // One statement at a time, as separate transactions: a failed one (a duplicate key) changes nothing.
+                do {
+                    try await database.execute(sql)
+                } catch let error as PostgresError where error.sqlState == "23505" {
+                    continue
+                }
+                try await Self.expectInStep(database, after: "step \(step): \(sql)")
+            }
+            // The sequence reached every branch that matters: users with rows, and users left with none.
+            #expect(Int(try await database.value("SELECT count(*) FROM profile_metrics_latest") ?? "") ?? 0 > 0)
+        }
+    }
+
+    /// A newer row committed while a time zone change removes the kept one: the removal's trigger, which looked for
+    /// the user's newest row before that commit, waits for it and leaves the newer row kept.
+    @Test func aNewerRowCommittedMeanwhileStaysKept() async throws {
+        try await withTestDatabase { database in
+            try await database.execute(
+                """
+                INSERT INTO users (id, timezone) VALUES (1, 'UTC');
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES
+                  (1, 22.0, 1600, 2000, 1, '2026-03-01', '2026-03-01T00:05:00Z'),
+                  (1, 22.1, 1601, 2001, 1, '2026-03-02', '2026-03-02T00:05:00Z');
+                """)
+            let settings = try ConnectionSettings(conninfo: database.url, environment: [:])
+            let writer = try PostgresConnection(settings: settings)
+            // The writer's newer row is upserted into the kept table and holds its lock until COMMIT.
+            try writer.execute(
+                """
+                BEGIN;
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                VALUES (1, 30.0, 1900, 2400, 2, '2026-03-02', '2026-03-02T12:00:00Z');
+                """)
+            let removal = Task {
+                try await TestDatabase.blocking.runIfActive {
+                    try PostgresConnection(settings: settings).execute(
+                        "DELETE FROM profile_metrics WHERE metrics_date = '2026-03-02' AND version = 1")
+                }
+            }
+            // The removal looks for the newest row (it cannot see the uncommitted one) and then waits for the lock.
+            var waiting = false
+            for _ in 0..<100 where !waiting {
+                waiting = try await database.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM profile_metrics%'")
+                    == "1"
+                if !waiting { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(waiting)
+            try writer.execute("COMMIT")
+            try await removal.value
+            #expect(try await database.value("SELECT bmi FROM profile_metrics_latest WHERE user_id = 1") == "30.0")
+            try await Self.expectInStep(database, after: "the concurrent write and removal")
+        }
+    }
+
+    /// The migration that adds the table copies each user's newest row of an existing history (ties on
+    /// `computed_at` to the greater id); users without metrics get none.
+    @Test func theMigrationKeepsTheNewestRowOfAnExistingHistory() async throws {
+        let (name, url) = try await MigrationTests.freshDatabase()
+        defer { Task { await MigrationTests.drop(name) } }
+        let earlier = Migration.all.filter { $0.name < "0012" }
+        #expect(earlier.count == Migration.all.count - 1)
+        _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: earlier))
+        let settings = try ConnectionSettings(conninfo: url, environment: [:])
+        let value: @Sendable (String) throws -> String? = { sql in
+            let result = try PostgresConnection(settings: settings).query(sql)
+            return result.rowCount == 0 ? nil : result.string(0, 0)
+        }
+        _ = try await TestDatabase.blocking.runIfActive {
+            try PostgresConnection(settings: settings).execute(
+                """
+                INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, 300) g;
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT u, 20 + (d % 7), 1500 + d, 1900 + u, 1 + (d % 2), date '2025-01-01' + d,
+                       timestamptz '2025-01-01T00:05:00Z' + interval '1 day' * d - interval '1 hour' * (u % 3) * (d % 5)
+                FROM generate_series(1, 250) u CROSS JOIN generate_series(0, 40) d;
+                -- a tie: a second row at the newest instant of user 7
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT 7, 31.0, 1999, 2999, 3, metrics_date, computed_at FROM profile_metrics
+                WHERE user_id = 7 ORDER BY computed_at DESC LIMIT 1;
+                """)
+        }
+        #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0012" }.map(\.name))
+        let (history, kept, count, tie) = try await TestDatabase.blocking.runIfActive {
+            (try value(Self.fromHistory), try value(Self.kept), try value("SELECT count(*) FROM profile_metrics_latest"),
+             try value("SELECT bmi FROM profile_metrics_latest WHERE user_id = 7"))
+        }
+        #expect(count == "250")
+        #expect(kept == history)
+        #expect(tie == "31.0")
+    }
+}
