@@ -18,7 +18,7 @@
 --     can be the newest). The kept row is replaced only if it is one this statement changed or removed, or is
 --     older than the one found: if another transaction has meanwhile kept a newer row and committed, this one
 --     waits for that row's lock and then leaves it.
---   - TRUNCATE empties it.
+--   - TRUNCATE empties it (with DELETE).
 -- The user's row goes with the user (ON DELETE CASCADE).
 CREATE TABLE profile_metrics_latest (
   user_id      BIGINT PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
@@ -91,9 +91,10 @@ BEGIN
   RETURN NULL;
 END $$;
 
+-- DELETE, not TRUNCATE: a TRUNCATE of users that cascades here is still using this table when the trigger fires.
 CREATE FUNCTION metricsd_latest_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  TRUNCATE profile_metrics_latest;
+  DELETE FROM profile_metrics_latest;
   RETURN NULL;
 END $$;
 
