@@ -4,8 +4,8 @@
 -- profile_metrics it is one backward probe of (user_id, computed_at), whose leaf holding a user's newest entries
 -- is, once a user has more rows than a leaf holds (~190, half a year of days), a page of that user's own: the read
 -- then needs one 8 KiB leaf per user in memory, and past the server's cache one random read per request. Here it is
--- one probe of a primary key of ~40 bytes per user and one row of ~80: about 150 bytes per user whatever the depth
--- of the history (20,000 users: 3 MB; 1,000,000: ~150 MB).
+-- one probe of a primary key and one row: about 190 bytes per user with the key and the pages' free half (below),
+-- whatever the depth of the history (20,000 users: 4 MB; 1,000,000: ~190 MB).
 --
 -- Triggers keep it, in the statement that writes profile_metrics, so it commits or rolls back with that write and
 -- every writer keeps it (the daily units, recompute-all, settings and time zone changes, retention, a user's
