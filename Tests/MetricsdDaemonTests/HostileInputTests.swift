@@ -521,17 +521,3 @@ import Testing
         #expect(try await API.send(port: port, "/healthz").status == 200, sourceLocation: sourceLocation)
     }
 }
-
-/// A small seeded PRNG, so that a fuzz failure reproduces.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { self.state = seed }
-    mutating func next() -> UInt64 {
-        self.state &+= 0x9E37_79B9_7F4A_7C15
-        var z = self.state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func next(upTo bound: Int) -> Int { Int(self.next() % UInt64(bound)) }
-}
