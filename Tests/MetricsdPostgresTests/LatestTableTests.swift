@@ -197,4 +197,41 @@ import Testing
         #expect(kept == history)
         #expect(tie == "31.0")
     }
+
+    /// An instance of the previous release writing while the migration runs: the migration waits for its
+    /// transaction, and the row it wrote is kept, although no trigger existed when it was inserted.
+    @Test func aWriteInFlightDuringTheMigrationIsKept() async throws {
+        let (name, url) = try await MigrationTests.freshDatabase()
+        defer { Task { await MigrationTests.drop(name) } }
+        _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0012" }))
+        let settings = try ConnectionSettings(conninfo: url, environment: [:])
+        let writer = try PostgresConnection(settings: settings)
+        try writer.execute(
+            """
+            INSERT INTO users (id, timezone) VALUES (1, 'UTC'), (2, 'UTC');
+            INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES
+              (1, 22.0, 1600, 2000, 1, '2026-03-01', '2026-03-01T00:05:00Z');
+            BEGIN;
+            INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES
+              (1, 23.0, 1610, 2010, 1, '2026-03-02', '2026-03-02T00:05:00Z'),
+              (2, 24.0, 1620, 2020, 1, '2026-03-02', '2026-03-02T00:05:00Z');
+            """)
+        let migration = Task { try await MigrationTests.migrate(url) }
+        let admin = FaultDatabase(url: url)
+        var waiting = false
+        for _ in 0..<100 where !waiting {
+            waiting = try await admin.value(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
+                .flatMap(Int.init) ?? 0 > 0
+            if !waiting { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(waiting, "the migration did not wait for the writer")
+        try writer.execute("COMMIT")
+        #expect(try await migration.value == Migration.all.filter { $0.name >= "0012" }.map(\.name))
+        let kept = try await TestDatabase.blocking.runIfActive {
+            try PostgresConnection(settings: settings).query(
+                "SELECT string_agg(user_id || ':' || bmi, ',' ORDER BY user_id) FROM profile_metrics_latest").string(0, 0)
+        }
+        #expect(kept == "1:23.0,2:24.0")
+    }
 }
