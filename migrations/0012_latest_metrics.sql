@@ -121,11 +121,7 @@ ALTER TABLE profile_metrics ENABLE ALWAYS TRIGGER metricsd_latest_truncated;
 -- user instead of sorting every loaded row. It empties the table first (TRUNCATE: readers wait until it commits).
 CREATE FUNCTION metricsd_latest_rebuild() RETURNS void LANGUAGE sql AS $$
   TRUNCATE profile_metrics_latest;
-  INSERT INTO profile_metrics_latest (user_id, metrics_id, bmi, bmr, tdee, version, metrics_date, computed_at)
-  SELECT u.id, p.id, p.bmi, p.bmr, p.tdee, p.version, p.metrics_date, p.computed_at
-  FROM users u
-  CROSS JOIN LATERAL (SELECT id, bmi, bmr, tdee, version, metrics_date, computed_at FROM profile_metrics
-                      WHERE user_id = u.id ORDER BY computed_at DESC, id DESC LIMIT 1) p;
+  SELECT metricsd_latest_refresh(ARRAY(SELECT id FROM users), '{}');
 $$;
 
 SELECT metricsd_latest_rebuild();
