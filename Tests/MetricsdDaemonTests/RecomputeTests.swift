@@ -168,6 +168,14 @@ import Testing
     @Test func killedMidJobResumesAndTwoInstancesShareIt() async throws {
         try await withTestDatabase { database in
             try await Self.seedWithVersion1(database, count: 20_000)
+            // Only the job writes version 2: its daily units count as done already. (Otherwise, within five minutes
+            // after a seeded zone's midnight, the daemons' due unit would be the previous date's, and write a second
+            // version-2 row for each of its users.)
+            try await database.execute(
+                """
+                INSERT INTO daily_units (timezone, local_date, version, timezone_known, state, users_total, created_at)
+                SELECT DISTINCT timezone, date '2999-12-31', 2, true, 'done', 0, now() FROM users
+                """)
             let extra = [
                 "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_LEASE_SECONDS": "2", "METRICSD_CHUNK_SIZE": "1000",
                 "METRICSD_BATCH_SIZE": "200", "METRICSD_FAULTS": "batch-delay-ms=40", "METRICSD_WORKERS": "2",
