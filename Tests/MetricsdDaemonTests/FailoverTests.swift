@@ -28,11 +28,12 @@ import Testing
             try await database.installAudit()
             let users = 50_000
             try await database.execute(Fault.seedSQL(count: users, zones: ["Asia/Kathmandu", "America/Havana", "Europe/Oslo"]))
+            let dailyAt = try await Fault.dailyTime(database)
             var extra = Self.extra
             extra["METRICSD_CHUNK_SIZE"] = "2500"
             extra["METRICSD_BATCH_SIZE"] = "250"
-            let a = try Fault.start(url, name: "metricsd-a", extra: extra)
-            let b = try Fault.start(url, name: "metricsd-b", extra: extra)
+            let a = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-a", extra: extra)
+            let b = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-b", extra: extra)
             defer {
                 a.signal(SIGKILL)
                 b.signal(SIGKILL)
@@ -83,7 +84,8 @@ import Testing
             let database = FaultDatabase(url: url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 2000, zones: ["Asia/Kathmandu", "America/Havana"]))
-            let daemon = try Fault.start(url, name: "metricsd-settings", extra: Self.extra)
+            let dailyAt = try await Fault.dailyTime(database)
+            let daemon = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-settings", extra: Self.extra)
             defer { daemon.signal(SIGKILL) }
             try await daemon.waitUntilReady()
             let done = await Fault.waitUntil(timeout: .seconds(90)) {
@@ -163,6 +165,7 @@ import Testing
             try await database.installAudit()
             let zones = ["Europe/Paris", "Pacific/Chatham"]
             try await database.execute(Fault.seedSQL(count: 4000, zones: zones))
+            let dailyAt = try await Fault.dailyTime(database)
             // Only the job runs: version 2's daily units of these zones count as done already.
             try await database.execute(
                 """
@@ -178,7 +181,7 @@ import Testing
                 try DaemonProcess.binary(), ["recompute-all"],
                 environment: ["DATABASE_URL": url, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "1000"])
             try #require(trigger.status == 0, "\(trigger.output)")
-            let daemon = try Fault.start(url, name: "metricsd-recompute", extra: extra)
+            let daemon = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-recompute", extra: extra)
             defer { daemon.signal(SIGKILL) }
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2") >= 800
@@ -215,10 +218,11 @@ import Testing
             try await database.installAudit()
             let users = 8000
             try await database.execute(Fault.seedSQL(count: users, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             var extra = Self.extra
             extra["METRICSD_CHUNK_SIZE"] = "1000"
             extra["METRICSD_BATCH_SIZE"] = "200"
-            let daemon = try Fault.start(url, name: "metricsd-async", extra: extra)
+            let daemon = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-async", extra: extra)
             defer { daemon.signal(SIGKILL) }
             let midway = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(20)) {
                 try await database.int("SELECT count(*) FROM profile_metrics") >= users / 4
@@ -259,12 +263,13 @@ import Testing
             let database = FaultDatabase(url: url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 4000, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             var extra = Self.extra
             extra["METRICSD_DB_STATEMENT_DEADLINE_SECONDS"] = "3"
             extra["METRICSD_CHUNK_SIZE"] = "1000"
             extra["METRICSD_BATCH_SIZE"] = "100"
             extra["METRICSD_FAULTS"] = "batch-delay-ms=40"
-            let daemon = try Fault.start(url, name: "metricsd-syncwait", extra: extra)
+            let daemon = try Fault.start(url, dailyAt: dailyAt, name: "metricsd-syncwait", extra: extra)
             defer { daemon.signal(SIGKILL) }
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 try await database.int("SELECT count(*) FROM profile_metrics") >= 600

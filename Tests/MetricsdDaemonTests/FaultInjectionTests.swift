@@ -32,13 +32,14 @@ import Testing
             let database = FaultDatabase(url: testDatabase.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 6000, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             let lease = 4.0
             let tick = 1.0
             let extra = [
                 "METRICSD_LEASE_SECONDS": "\(lease)", "METRICSD_TICK_SECONDS": "\(tick)", "METRICSD_CHUNK_SIZE": "5000",
                 "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=60", "METRICSD_WORKERS": "2",
             ]
-            let a = try Fault.start(testDatabase.url, extra: extra)
+            let a = try Fault.start(testDatabase.url, dailyAt: dailyAt, extra: extra)
             // One chunk per zone, both held by A and half-way through.
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 let running = try await database.int(
@@ -56,7 +57,7 @@ import Testing
             #expect(rowsAtKill < 5880, "killed mid-unit")
 
             let restart = ContinuousClock.now
-            let b = try Fault.start(testDatabase.url, extra: extra)
+            let b = try Fault.start(testDatabase.url, dailyAt: dailyAt, extra: extra)
             let resumed = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(25)) {
                 try await Fault.progressed(database, since: abandoned)
             }
@@ -86,6 +87,7 @@ import Testing
             try await database.installAudit()
             let zones = ["Europe/Paris", "Pacific/Chatham"]
             try await database.execute(Fault.seedSQL(count: 4000, zones: zones))
+            let dailyAt = try await Fault.dailyTime(database)
             // Only the job runs: version 2's daily units of these zones count as done already (a unit dated far
             // ahead suppresses today's; it has no chunks, so the invariant expects nothing from it).
             try await database.execute(
@@ -106,7 +108,7 @@ import Testing
             try #require(trigger.status == 0, "\(trigger.output)")
             #expect(try await database.int("SELECT count(*) FROM work_chunks WHERE kind = 'recompute'") == 2)
 
-            let a = try Fault.start(testDatabase.url, extra: extra)
+            let a = try Fault.start(testDatabase.url, dailyAt: dailyAt, extra: extra)
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 let running = try await database.int(
                     "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start")
@@ -122,7 +124,7 @@ import Testing
             #expect(try await database.value("SELECT state FROM recompute_jobs") == "running")
 
             let restart = ContinuousClock.now
-            let b = try Fault.start(testDatabase.url, extra: extra)
+            let b = try Fault.start(testDatabase.url, dailyAt: dailyAt, extra: extra)
             let resumed = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(25)) {
                 try await Fault.progressed(database, since: abandoned)
             }
@@ -157,8 +159,9 @@ import Testing
             try await Fault.migrate(cluster.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 6000, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             let daemon = try Fault.start(
-                cluster.url,
+                cluster.url, dailyAt: dailyAt,
                 extra: [
                     "METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=60",
                     "METRICSD_WORKERS": "2",
@@ -226,8 +229,9 @@ import Testing
             let database = FaultDatabase(url: testDatabase.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 6000, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             let daemon = try Fault.start(
-                testDatabase.url,
+                testDatabase.url, dailyAt: dailyAt,
                 extra: [
                     "METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=80",
                     "METRICSD_WORKERS": "2",
@@ -305,12 +309,14 @@ import Testing
             try await database.installAudit()
             let zones = try await Fault.zones(50)
             try await database.execute(Fault.seedSQL(count: 100_000, zones: zones))
+            let dailyAt = try await Fault.dailyTime(database)
             let seeded = ContinuousClock.now
             print("three-instances: seeded 100000 users in \(Fault.format((seeded - started).faultSeconds)) s")
 
             let extra = ["METRICSD_CHUNK_SIZE": "500", "METRICSD_BATCH_SIZE": "250", "METRICSD_WORKERS": "2"]
             let daemons = try (1...3).map { index in
-                try Fault.start(url, name: "metricsd-\(index)", extra: extra, arguments: ["serve", "--migrate"])
+                try Fault.start(
+                    url, dailyAt: dailyAt, name: "metricsd-\(index)", extra: extra, arguments: ["serve", "--migrate"])
             }
             for daemon in daemons { try await daemon.waitUntilReady(timeout: .seconds(120)) }
             let migrations = try await database.rows("SELECT name FROM metricsd_migrations ORDER BY name").map { $0[0] ?? "" }
@@ -368,18 +374,19 @@ import Testing
             let database = FaultDatabase(url: testDatabase.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 3000, zones: ["America/Santiago"]))
+            let dailyAt = try await Fault.dailyTime(database)
             let batch = 100
             let shutdownSeconds = 5.0
             let extra = [
                 "METRICSD_LEASE_SECONDS": "30", "METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "\(batch)",
                 "METRICSD_FAULTS": "batch-delay-ms=150", "METRICSD_WORKERS": "1", "METRICSD_SHUTDOWN_SECONDS": "\(shutdownSeconds)",
             ]
-            let a = try Fault.start(testDatabase.url, name: "metricsd-a", extra: extra)
+            let a = try Fault.start(testDatabase.url, dailyAt: dailyAt, name: "metricsd-a", extra: extra)
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 try await database.int("SELECT count(*) FROM profile_metrics") >= 500
             }
             try #require(midway != nil, "the unit did not get under way:\n\(a.log.suffix(2000))")
-            let b = try Fault.start(testDatabase.url, name: "metricsd-b", extra: extra)
+            let b = try Fault.start(testDatabase.url, dailyAt: dailyAt, name: "metricsd-b", extra: extra)
             try await b.waitUntilReady()
             #expect(try await database.int("SELECT count(*) FROM work_chunks WHERE split_part(lease_owner, ':', 2) = $1", [String(b.pid)]) == 0,
                     "the peer has nothing to claim while A holds the only chunk")
@@ -453,7 +460,8 @@ import Testing
             let database = FaultDatabase(url: testDatabase.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 2000, zones: ["Europe/Berlin", "Asia/Tokyo", "America/New_York"]))
-            let daemon = try Fault.start(testDatabase.url)
+            let dailyAt = try await Fault.dailyTime(database)
+            let daemon = try Fault.start(testDatabase.url, dailyAt: dailyAt)
             try await daemon.waitUntilReady()
             let done = await Fault.waitUntil(timeout: .seconds(60)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == 3
@@ -536,13 +544,15 @@ import Testing
             try await database.installAudit()
             let zones = try await Fault.zones(40)
             try await database.execute(Fault.badDataSQL(count: 100_000, zones: zones))
+            let dailyAt = try await Fault.dailyTime(database)
             let bad = try await database.int(
                 "SELECT count(*) FROM users u LEFT JOIN user_settings s ON s.user_id = u.id WHERE u.id % 20 < 10")
             let seeded = ContinuousClock.now
             print("bad-data: seeded 100000 users (\(bad) bad) in \(Fault.format((seeded - started).faultSeconds)) s")
 
             let daemon = try Fault.start(
-                testDatabase.url, extra: ["METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "1000", "METRICSD_WORKERS": "2"])
+                testDatabase.url, dailyAt: dailyAt,
+                extra: ["METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "1000", "METRICSD_WORKERS": "2"])
             let unitCount = try await database.int("SELECT count(DISTINCT timezone) FROM users")
             let done = await Fault.waitUntil(timeout: .seconds(300), poll: .milliseconds(500)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == unitCount
@@ -612,6 +622,7 @@ import Testing
             try await Fault.migrate(cluster.url)
             try await database.installAudit()
             try await database.execute(Fault.seedSQL(count: 6000, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
 
             // Start-up with every slot taken.
             let hog = ConnectionHog(url: cluster.url)
@@ -619,7 +630,7 @@ import Testing
             print("out-of-connections: the hog holds \(first.opened) connections; refused with: \(first.refusal ?? "-")")
             #expect(first.refusal?.contains("too many clients") == true, "\(String(describing: first.refusal))")
             let daemon = try Fault.start(
-                cluster.url,
+                cluster.url, dailyAt: dailyAt,
                 extra: [
                     "METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=60",
                     "METRICSD_WORKERS": "2", "METRICSD_LEASE_SECONDS": "10",
@@ -777,16 +788,48 @@ enum Fault {
     }
 
     /// Starts `metricsd` (default `serve`) on a free port against `url`, its connections named `name` when given,
-    /// with the daily time at 00:00 so that every zone is due at once.
+    /// with the scenario's daily time `dailyAt` (``dailyTime(_:)``).
     static func start(
-        _ url: String, name: String? = nil, extra: [String: String] = [:], arguments: [String] = ["serve"]
+        _ url: String, dailyAt: String, name: String? = nil, extra: [String: String] = [:],
+        arguments: [String] = ["serve"]
     ) throws -> DaemonProcess {
         let port = DaemonProcess.freePort()
         let databaseURL = name.map { FaultDatabase.url(url, applicationName: $0) } ?? url
         var environment = DaemonProcess.environment(
-            databaseURL: databaseURL, port: port, extra: ["METRICSD_DAILY_AT": "00:00"])
+            databaseURL: databaseURL, port: port, extra: ["METRICSD_DAILY_AT": dailyAt])
         environment.merge(extra) { $1 }
         return try DaemonProcess(arguments: arguments, environment: environment, port: port)
+    }
+
+    /// A scenario's daily time (`METRICSD_DAILY_AT`): of the 96 quarter hours, the one the users' time zones reach
+    /// last from now, by the database's clock and time zone rules (zones PostgreSQL does not know follow UTC, as in
+    /// the daemon). Every zone then has a unit due as soon as the daemons start (for its latest date whose daily
+    /// time has passed) and none falls due while the scenario runs: with a fixed daily time, a zone that reached it
+    /// mid-scenario got a second unit (the first superseded if unfinished) that the scenario neither waited for nor
+    /// expected. Computed once per scenario, after seeding: all its daemons, restarted ones too, need the same one.
+    static func dailyTime(_ database: FaultDatabase) async throws -> String {
+        let best = try await database.rows(
+            """
+            WITH zones AS (
+              SELECT CASE WHEN k.name IS NULL THEN 'UTC' ELSE u.timezone END AS zone
+              FROM (SELECT DISTINCT timezone FROM users) u
+              LEFT JOIN (SELECT DISTINCT name FROM pg_timezone_names) k ON k.name = u.timezone
+            ),
+            local AS (SELECT DISTINCT zone, now() AT TIME ZONE zone AS now FROM zones),
+            reached AS (
+              SELECT t.at,
+                     min(((l.now::date + t.at + CASE WHEN t.at <= l.now::time THEN interval '1 day' ELSE interval '0' END)
+                          AT TIME ZONE l.zone) - now()) AS after
+              FROM (SELECT make_time(q / 4, q % 4 * 15, 0) AS at FROM generate_series(0, 95) q) t CROSS JOIN local l
+              GROUP BY t.at
+            )
+            SELECT to_char(at, 'HH24:MI'), extract(epoch FROM after)::int FROM reached ORDER BY after DESC, at LIMIT 1
+            """)
+        let time = try #require(best.first?[0] ?? nil, "no users to schedule")
+        let seconds = Int(best.first?[1] ?? "") ?? 0
+        // (The scenarios take minutes; the zones of any of them leave a daily time free for hours.)
+        try #require(seconds >= 3600, "the users' zones reach every daily time within the hour (\(time) in \(seconds) s)")
+        return time
     }
 
     /// Polls `condition` until it holds; the instant it did, or nil on timeout. Errors count as "not yet".

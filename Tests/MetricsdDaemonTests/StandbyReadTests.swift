@@ -23,8 +23,9 @@ import Testing
             try await database.installAudit()
             let users = 2000
             try await database.execute(Fault.seedSQL(count: users, zones: ["Asia/Kathmandu", "America/Havana"]))
+            let dailyAt = try await Fault.dailyTime(database)
             let daemon = try Fault.start(
-                url, name: "metricsd-standby",
+                url, dailyAt: dailyAt, name: "metricsd-standby",
                 extra: [
                     "METRICSD_READ_DATABASE_URL": set.readURL, "METRICSD_READ_MAX_LAG_SECONDS": "\(Int(Self.bound))",
                     "METRICSD_TICK_SECONDS": "1",
