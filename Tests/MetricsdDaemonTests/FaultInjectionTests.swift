@@ -716,9 +716,9 @@ enum Fault {
     }
 
     /// SQL for `count` users where `id % 20` picks the kind of bad data (5% each): 0 height out of range, 1 weight
-    /// out of range, 2 age out of range, 3 a missing field, 4 unknown gender, 5 unknown activity level, 6 onboarding
-    /// not completed, 7 no settings row, 8 malformed values (NaN, an infinite date), 9 a time zone PostgreSQL does
-    /// not know; 10–19 valid.
+    /// out of range, 2 age out of range (seven years old today, or born in 1890), 3 a missing field, 4 unknown
+    /// gender, 5 unknown activity level, 6 onboarding not completed, 7 no settings row, 8 malformed values (NaN, an
+    /// infinite date), 9 a time zone PostgreSQL does not know; 10–19 valid.
     static func badDataSQL(count: Int, zones: [String]) -> String {
         let unknownZones = ["Mars/Olympus_Mons", "PST", "UTC+3", "Europe/Atlantis"]
         return """
@@ -730,7 +730,7 @@ enum Fault {
             INSERT INTO user_settings (user_id, date_of_birth, gender, current_weight, height, activity_level,
                                        onboarding_completed, updated_at)
             SELECT id,
-                   CASE WHEN k = 2 THEN (ARRAY[date '2019-06-01', date '1890-02-03'])[1 + v % 2]
+                   CASE WHEN k = 2 THEN (ARRAY[(current_date - interval '7 years')::date, date '1890-02-03'])[1 + v % 2]
                         WHEN k = 3 AND v % 5 = 0 THEN NULL
                         WHEN k = 8 AND v % 4 = 2 THEN 'infinity'::date
                         WHEN k = 8 AND v % 4 = 3 THEN '-infinity'::date
