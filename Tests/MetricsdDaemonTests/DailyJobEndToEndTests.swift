@@ -7,8 +7,9 @@ import Testing
 /// The daily job through the real `metricsd serve` binary.
 @Suite struct DailyJobEndToEndTests {
     /// Two instances, one database, 20,000 users over every zone PostgreSQL knows, and a daily time a minute or
-    /// two ahead of UTC: zones already past it catch up at start; zones at UTC+0 get nothing until it passes,
-    /// then exactly one row per user; no user ever gets two rows for one date and version.
+    /// two ahead of UTC (of UTC+1 late in UTC's day): zones already past it catch up at start; zones at that offset
+    /// get nothing until it passes, then exactly one row per user; no user ever gets two rows for one date and
+    /// version.
     @Test func twoInstancesTwentyThousandUsersAllZones() async throws {
         try await withTestDatabase(poolSize: 2) { database in
             // Users who onboarded yesterday (the trigger would stamp their settings "just changed" and have them
@@ -30,21 +31,33 @@ import Testing
                 SET session_replication_role = DEFAULT;
                 ANALYZE users;
                 """)
-            // The daily time, in UTC: two minutes after the next minute boundary (`date(bySetting:)` moves forward
-            // to the next second 0), so 2–3 minutes from now.
+            // The zones that wait: those at UTC+0, or at UTC+1 when UTC's day ends within 15 minutes. The daily time,
+            // 2–3 minutes ahead of their local time, must not fall after their midnight (at 23:58, 00:01 is a daily
+            // time their day has passed already), and their rows are counted by their local date, which must not
+            // change while the test runs.
             let now = Date()
+            let offset = Int(now.timeIntervalSince1970) % 86_400 < 86_400 - 15 * 60 ? 0 : 3600
+            let zoneOffset = "\(offset) seconds"
+            // The daily time, at that offset: two minutes after the next minute boundary (`date(bySetting:)` moves
+            // forward to the next second 0), so 2–3 minutes from now.
             var calendar = Calendar(identifier: .gregorian)
-            calendar.timeZone = TimeZone(identifier: "UTC")!
+            calendar.timeZone = TimeZone(secondsFromGMT: offset)!
             let due = calendar.date(byAdding: .minute, value: 2, to: calendar.date(bySetting: .second, value: 0, of: now)!)!
             let parts = calendar.dateComponents([.hour, .minute], from: due)
             let dailyAt = String(format: "%02d:%02d", parts.hour!, parts.minute!)
-            // Zones at UTC+0 now: not due until `dailyAt`; their users are checked for "none before, one after".
-            let utcZoneUsers = try await database.value(
-                """
-                SELECT count(*) FROM users u JOIN pg_timezone_names z ON z.name = u.timezone
-                WHERE z.utc_offset = interval '0'
-                """)
-            let waiting = Int(utcZoneUsers ?? "0") ?? 0
+            // Zones at that offset now and in 15 minutes (none whose clocks change meanwhile): not due until
+            // `dailyAt`; their users are checked for "none before, one after".
+            let waitingZones = try #require(
+                try await database.value(
+                    """
+                    SELECT array_agg(name ORDER BY name)::text FROM pg_timezone_names
+                    WHERE utc_offset = $1::interval
+                      AND (now() + interval '15 minutes') AT TIME ZONE name
+                          = ((now() + interval '15 minutes') AT TIME ZONE 'UTC') + $1::interval
+                    """, [zoneOffset]))
+            let waitingZoneUsers = try await database.value(
+                "SELECT count(*) FROM users WHERE timezone = ANY($1::text[])", [waitingZones])
+            let waiting = Int(waitingZoneUsers ?? "0") ?? 0
             #expect(waiting > 100)
 
             let portA = DaemonProcess.freePort()
@@ -71,13 +84,12 @@ import Testing
                 let early = try await database.value(
                     """
                     SELECT count(*) FROM profile_metrics pm JOIN users u ON u.id = pm.user_id
-                    JOIN pg_timezone_names z ON z.name = u.timezone
-                    WHERE z.utc_offset = interval '0' AND pm.metrics_date = (now() AT TIME ZONE 'UTC')::date
-                    """)
-                #expect(early == "0", "UTC+0 zones got rows before \(dailyAt)")
+                    WHERE u.timezone = ANY($1::text[]) AND pm.metrics_date = (now() AT TIME ZONE u.timezone)::date
+                    """, [waitingZones])
+                #expect(early == "0", "UTC+\(offset / 3600) zones got rows before \(dailyAt)")
             }
 
-            // After the daily time: the UTC+0 zones' users each get exactly one row for today. The wait is counted
+            // After the daily time: the waiting zones' users each get exactly one row for today. The wait is counted
             // from the daily time itself (it is 2–3 minutes away, whatever the catch-up took).
             let untilDue = Duration.milliseconds(Int64(max(0, due.timeIntervalSinceNow) * 1000))
             let done = await DaemonProcess.eventually(timeout: untilDue + .seconds(90)) {
@@ -85,19 +97,17 @@ import Testing
                 let count = try? await database.value(
                     """
                     SELECT count(*) FROM profile_metrics pm JOIN users u ON u.id = pm.user_id
-                    JOIN pg_timezone_names z ON z.name = u.timezone
-                    WHERE z.utc_offset = interval '0' AND pm.metrics_date = (now() AT TIME ZONE 'UTC')::date
-                    """)
+                    WHERE u.timezone = ANY($1::text[]) AND pm.metrics_date = (now() AT TIME ZONE u.timezone)::date
+                    """, [waitingZones])
                 return count == String(waiting)
             }
-            #expect(done, "UTC+0 zones did not get their rows after \(dailyAt); logs:\n\(a.log.suffix(2000))")
+            #expect(done, "UTC+\(offset / 3600) zones did not get their rows after \(dailyAt); logs:\n\(a.log.suffix(2000))")
             let first = try await database.value(
                 """
                 SELECT min(pm.computed_at) >= $1::timestamptz FROM profile_metrics pm JOIN users u ON u.id = pm.user_id
-                JOIN pg_timezone_names z ON z.name = u.timezone
-                WHERE z.utc_offset = interval '0' AND pm.metrics_date = (now() AT TIME ZONE 'UTC')::date
-                """, [ISO8601DateFormatter().string(from: due)])
-            #expect(first == "t", "a UTC+0 row was computed before \(dailyAt)")
+                WHERE u.timezone = ANY($2::text[]) AND pm.metrics_date = (now() AT TIME ZONE u.timezone)::date
+                """, [ISO8601DateFormatter().string(from: due), waitingZones])
+            #expect(first == "t", "a UTC+\(offset / 3600) row was computed before \(dailyAt)")
             #expect(try await database.value(
                 "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
             #expect(try await database.value(
