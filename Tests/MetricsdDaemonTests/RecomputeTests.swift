@@ -10,12 +10,16 @@ import Testing
 @Suite struct RecomputeTests {
     static let v2 = MetricsFormula.rehearsal(version: 2)
 
-    /// `count` users over a few zones, every 50th with a bad height, all with a version 1 row for today.
-    static func seedWithVersion1(_ database: TestDatabase, count: Int) async throws {
+    /// `count` users over `zones` (by default five far apart, UTC+14 and UTC−12 among them), every 50th with a bad
+    /// height, all with a version 1 row for today.
+    static func seedWithVersion1(
+        _ database: TestDatabase, count: Int,
+        zones: [String] = ["UTC", "Asia/Kathmandu", "America/Havana", "Pacific/Kiritimati", "Etc/GMT+12"]
+    ) async throws {
         try await database.execute(
             """
             INSERT INTO users (id, timezone)
-            SELECT g, (ARRAY['UTC','Asia/Kathmandu','America/Havana','Pacific/Kiritimati','Etc/GMT+12'])[1 + g % 5]
+            SELECT g, (ARRAY['\(zones.joined(separator: "','"))'])[1 + g % \(zones.count)]
             FROM generate_series(1, \(count)) g;
             INSERT INTO user_settings (user_id, date_of_birth, gender, current_weight, height, activity_level, onboarding_completed)
             SELECT id, date '1980-01-01' + (id % 9000)::int, (ARRAY['male','female','other'])[1 + id % 3], 45 + (id % 80),
@@ -42,7 +46,19 @@ import Testing
 
     @Test func fiftyThousandUsersGetTheNewVersionOnce() async throws {
         try await withTestDatabase(poolSize: 4) { database in
-            try await Self.seedWithVersion1(database, count: 50_000)
+            // Five zones whose local time is between 01:00 and 22:00, so that no midnight falls within the test's
+            // minute or two: the job writes each user's row for their local date, and the count of today's rows and
+            // the triggers' "nothing to do" are about that date.
+            let zones = try await database.rows(
+                """
+                SELECT name FROM pg_timezone_names
+                WHERE name IN ('UTC', 'Asia/Kathmandu', 'America/Havana', 'Pacific/Kiritimati', 'Etc/GMT+12', 'Asia/Tokyo',
+                               'Europe/Berlin', 'America/Los_Angeles', 'Asia/Kolkata', 'Australia/Sydney')
+                  AND (now() AT TIME ZONE name)::time BETWEEN time '01:00' AND time '22:00'
+                ORDER BY name LIMIT 5
+                """).compactMap { $0.first ?? nil }
+            try #require(zones.count == 5, "need five zones between 01:00 and 22:00 local time: \(zones)")
+            try await Self.seedWithVersion1(database, count: 50_000, zones: zones)
             let store1 = PostgresStore(pool: database.pool, formula: .v1, logger: database.logger)
             try await store1.serving {
                 let before = try #require(try await store1.latestMetrics(userID: 7))
