@@ -85,6 +85,17 @@ public struct WorkQueue: Sendable {
         }
     }
 
+    /// Creates the history's monthly partitions that do not exist yet, through two months from now by the database
+    /// clock (`metricsd_add_partitions`: safe on every instance at once; a lock it cannot take within two seconds
+    /// fails this call, and the next one tries again). Returns how many it created.
+    public func addMonthlyPartitions() async throws -> Int {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            try connection.transaction { connection in
+                Int(try connection.query("SELECT metricsd_add_partitions((now() + interval '2 months')::date)").int(0, 0))
+            }
+        }
+    }
+
     /// The database server's wall clock, in seconds since 1970, and how far it is ahead of this host's
     /// (negative: behind), measured against the middle of the round trip.
     public func databaseClock() async throws -> (now: Double, offset: Double) {

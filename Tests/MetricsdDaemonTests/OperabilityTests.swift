@@ -89,6 +89,51 @@ import Testing
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
 
+    /// A starting instance makes the history's partitions of the months ahead that are missing, and says so in its
+    /// log. (The empty test database's partitions are laid out again so that the months from the current one on
+    /// have none.)
+    @Test func aStartingInstanceAddsTheMonthsAhead() async throws {
+        try await withTestDatabase { database in
+            let month = try #require(try await database.value("SELECT date_trunc('month', now())::date"))
+            try await database.execute(
+                """
+                DO $$
+                DECLARE p regclass;
+                BEGIN
+                  FOR p IN SELECT i.inhrelid::regclass FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                           WHERE i.inhparent = 'profile_metrics'::regclass AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+                  LOOP
+                    EXECUTE format('DROP TABLE %s', p);
+                  END LOOP;
+                END $$;
+                CREATE TABLE profile_metrics_until_test (LIKE profile_metrics INCLUDING DEFAULTS);
+                ALTER TABLE profile_metrics ATTACH PARTITION profile_metrics_until_test FOR VALUES FROM (MINVALUE) TO ('\(month)');
+                """)
+            let monthly = """
+                SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE i.inhparent = 'profile_metrics'::regclass AND c.relname ~ '^profile_metrics_[0-9]{4}_[0-9]{2}$'
+                """
+            #expect(try await database.value(monthly) == "0")
+            let port = DaemonProcess.freePort()
+            let daemon = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "0"]),
+                port: port)
+            try await daemon.waitUntilReady()
+            // The current month and the two after it, at least (a third after it when two months from now is
+            // already in it).
+            let added = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                Int((try? await database.value(monthly)) ?? "0") ?? 0 >= 3
+            }
+            #expect(added, "\(daemon.log.suffix(2000))")
+            let logged = await DaemonProcess.eventually(timeout: .seconds(5)) {
+                daemon.log.contains("Added monthly partitions of profile_metrics")
+            }
+            #expect(logged, "\(daemon.log.suffix(2000))")
+            #expect(try await database.value(
+                "SELECT count(*) FROM profile_metrics_\(month.prefix(7).replacingOccurrences(of: "-", with: "_"))") == "0")
+        }
+    }
+
     @Test func metricsFollowTheWork() async throws {
         try await withTestDatabase { database in
             var users = (1...300).map { SeedUser.valid(Int64($0), timezone: "UTC") }

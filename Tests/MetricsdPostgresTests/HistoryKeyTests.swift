@@ -65,7 +65,8 @@ import Testing
                     VALUES (1, 21.0, 1510, 1810, 1, '2026-01-01', '2026-01-01T12:00:00Z')
                     """)
             } catch {
-                refused = "\(error)".contains("profile_metrics_date_version_user_key")
+                // (named by the partition's part of the key: profile_metrics_<partition>_date_version_user_key)
+                refused = "\(error)".contains("_date_version_user_key")
             }
             #expect(refused, "the duplicate was not refused by the key")
         }
@@ -82,13 +83,14 @@ import Testing
                 prepare: "PREPARE retention_batch(timestamptz, bigint, text, bigint, date, int, bigint, float8) AS "
                     + SQL.retentionBatch,
                 execute: "EXECUTE retention_batch('2026-03-02T12:00:00Z', 1, 'w1', 1200, '2026-01-18', 1000, 1, 60)")
-            #expect(!plan.contains("Seq Scan on profile_metrics"), "plan:\n\(plan)")
-            let keyed = plan.components(separatedBy: "\n").filter { $0.contains("profile_metrics_date_version_user_key") }
+            // (The seeded rows are in one partition; the planner reads the empty ones whole, which costs nothing.)
+            #expect(!plan.contains("Seq Scan on profile_metrics_until_"), "plan:\n\(plan)")
+            let keyed = plan.components(separatedBy: "\n").filter { $0.contains("_date_version_user_key") }
             #expect(keyed.count >= 3, "plan:\n\(plan)")
             #expect(plan.contains("(version = ANY ("), "the removal's versions are an index condition; plan:\n\(plan)")
             #expect(plan.contains("(user_id > $4)"), "each version's users are a range of the key; plan:\n\(plan)")
             // The newer row of each removed one is found through the read index.
-            #expect(plan.contains("profile_metrics_user_computed_at_idx"), "plan:\n\(plan)")
+            #expect(plan.contains("_user_computed_at_idx"), "plan:\n\(plan)")
         }
     }
 }

@@ -167,7 +167,7 @@ import Testing
         let (name, url) = try await MigrationTests.freshDatabase()
         defer { Task { await MigrationTests.drop(name) } }
         let earlier = Migration.all.filter { $0.name < "0012" }
-        #expect(earlier.count == Migration.all.count - 1)
+        #expect(earlier.last?.name.hasPrefix("0011_") == true)
         _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: earlier))
         let settings = try ConnectionSettings(conninfo: url, environment: [:])
         let value: @Sendable (String) throws -> String? = { sql in

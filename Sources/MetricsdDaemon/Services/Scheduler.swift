@@ -154,6 +154,7 @@ public struct Scheduler: Service {
     }
 
     private func tick(refreshTimezones: Bool) async {
+        if refreshTimezones { await self.addMonthlyPartitions() }
         do {
             if refreshTimezones { try await self.queue.refreshKnownTimezones() }
             guard try await self.alignToDatabaseMinute() else { return }
@@ -175,6 +176,19 @@ public struct Scheduler: Service {
         } catch {
             self.status.database(Self.shortReason(error))
             self.logger.warning("Scheduler tick failed", metadata: .errorFields(error))
+        }
+    }
+
+    /// The history's partitions for the months ahead (start-up and hourly). A failure is logged and left to the next
+    /// hour: until a month has its partition, its rows go into the default partition, which takes any date.
+    private func addMonthlyPartitions() async {
+        do {
+            let created = try await self.queue.addMonthlyPartitions()
+            if created > 0 {
+                self.logger.info("Added monthly partitions of profile_metrics", metadata: ["metricsd.partitions": "\(created)"])
+            }
+        } catch {
+            self.logger.warning("Could not add the monthly partitions of profile_metrics", metadata: .errorFields(error))
         }
     }
 
