@@ -102,7 +102,10 @@ public struct RecomputeJobs: Sendable {
 
     /// A user needs work when they have neither this version's row for their current local date (UTC for zones
     /// the database does not know, as the workers read them) nor a skip verdict of this version for that date
-    /// recorded after their settings last changed.
+    /// recorded after their settings last changed. The row is looked for per user (`OFFSET 0` keeps the subquery
+    /// from becoming a join): the user's date is then known when it runs, so it probes the exactly-once key of
+    /// that date's partition only, where a join probed every partition's `(user_id, computed_at)` index and read
+    /// each user's whole history.
     static let needsWork = """
         EXISTS (
           SELECT 1 FROM users u
@@ -111,7 +114,7 @@ public struct RecomputeJobs: Sendable {
           CROSS JOIN LATERAL (SELECT CASE WHEN k.name IS NOT NULL THEN (now() AT TIME ZONE u.timezone)::date
                                           ELSE (now() AT TIME ZONE 'UTC')::date END AS local_date) d
           WHERE NOT EXISTS (SELECT 1 FROM profile_metrics pm
-                            WHERE pm.user_id = u.id AND pm.metrics_date = d.local_date AND pm.version = $1)
+                            WHERE pm.metrics_date = d.local_date AND pm.version = $1 AND pm.user_id = u.id OFFSET 0)
             AND NOT EXISTS (SELECT 1 FROM metrics_skips ms
                             WHERE ms.user_id = u.id AND ms.version = $1 AND ms.metrics_date = d.local_date
                               AND (s.updated_at IS NULL OR ms.recorded_at >= s.updated_at)))
