@@ -96,6 +96,23 @@ public struct WorkQueue: Sendable {
         }
     }
 
+    /// Truncates the history's monthly partitions that retention has emptied: those whose dates all lie more than
+    /// `retentionDays` (and a day) back, that hold no row, and whose indexes still take more than their empty size
+    /// (`metricsd_truncate_empty_partitions`: a partition busy for more than 100 ms is left to the next call).
+    /// Deleted rows leave space that only new rows of the same month would reuse, and VACUUM never shrinks an
+    /// index, so without this the history would keep a month of index space for every month it ever held.
+    /// Returns how many partitions it truncated.
+    public func truncateEmptiedPartitions(retentionDays: Int) async throws -> Int {
+        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            try connection.transaction { connection in
+                Int(try connection.query(
+                    "SELECT metricsd_truncate_empty_partitions((now() - make_interval(days => $1::int))::date - 1)",
+                    [String(retentionDays)]
+                ).int(0, 0))
+            }
+        }
+    }
+
     /// The database server's wall clock, in seconds since 1970, and how far it is ahead of this host's
     /// (negative: behind), measured against the middle of the round trip.
     public func databaseClock() async throws -> (now: Double, offset: Double) {

@@ -165,6 +165,69 @@ import Testing
         }
     }
 
+    /// The months retention empties give their space back (`metricsd_truncate_empty_partitions`): a month that
+    /// ended before the date given, holds no row and whose heap VACUUM has cut down is truncated (its heap and
+    /// indexes back to their empty size); a month that still holds rows, a month not over by that date, and an
+    /// empty month whose heap VACUUM has not cut down yet (more than 128 pages: the check would read it under the
+    /// lock) are left as they are; the latest table is not touched (truncating a partition does not fire the
+    /// history's own TRUNCATE trigger).
+    @Test func anEmptiedMonthIsTruncatedAndNothingElse() async throws {
+        try await withTestDatabase { database in
+            func month(_ k: Int) -> String { "(date_trunc('month', now()) + interval '\(k) months')::date" }
+            _ = try await database.value("SELECT metricsd_add_partitions(\(month(6)))")
+            try await database.execute("INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1000, 1599) g")
+            // Months 3 and 4 ahead: 28 days of 200 users each; month 5: 28 days of 600 users (more than 128 pages).
+            for (k, last) in [(3, 1199), (4, 1199), (5, 1599)] {
+                try await database.execute(
+                    """
+                    INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                    SELECT u, 25.0, 1600, 2100, 1, \(month(k)) + d, now() - interval '1 minute' * (d + 100 * \(k))
+                    FROM generate_series(1000, \(last)) u CROSS JOIN generate_series(0, 27) d
+                    """)
+            }
+            var name: [Int: String] = [:]
+            for k in 3...5 { name[k] = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(month(k)), 'YYYY_MM')"))) }
+            let (m3, m4, m5) = (name[3]!, name[4]!, name[5]!)
+            func sizes(_ table: String) async throws -> String? {
+                try await database.value(
+                    """
+                    SELECT pg_relation_size('\(table)') || ' ' || string_agg(pg_relation_size(indexrelid)::text, ' ' ORDER BY indexrelid)
+                    FROM pg_index WHERE indrelid = '\(table)'::regclass
+                    """)
+            }
+            // Through profile_metrics, as retention deletes (its statement triggers keep the latest table).
+            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(3)) AND metrics_date < \(month(4))")
+            try await database.execute("VACUUM \(m3)")
+            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(5)) AND metrics_date < \(month(6))")
+            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            let m4Before = try await sizes(m4)
+            let m5Before = try #require(try await sizes(m5))
+            #expect(Int(m5Before.split(separator: " ")[0]) ?? 0 > 128 * 8192, "month 5's heap: \(m5Before)")
+            let emptied = try #require(try await sizes(m3))
+            #expect(emptied.hasPrefix("0 "), "VACUUM cut month 3's heap down: \(emptied)")
+            #expect(emptied.split(separator: " ").dropFirst().allSatisfy { (Int($0) ?? 0) > 8192 }, "its indexes keep their pages: \(emptied)")
+
+            // Not over by the date given: left.
+            #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(4)) - 1)") == "0")
+            #expect(try await sizes(m3) == emptied)
+
+            #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "1")
+            #expect(try await sizes(m3) == "0 8192 8192 8192", "month 3 back to its empty size")
+            #expect(try await sizes(m4) == m4Before)
+            #expect(try await database.value("SELECT count(*) FROM \(m4)") == "5600")
+            #expect(try await sizes(m5) == m5Before, "month 5's heap is not read under the lock before VACUUM")
+            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value("SELECT count(*) FROM profile_metrics_latest") == "200")
+
+            // Once VACUUM has cut month 5's heap down, the next call truncates it too.
+            try await database.execute("VACUUM \(m5)")
+            #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "1")
+            #expect(try await sizes(m5) == "0 8192 8192 8192")
+            #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0", "nothing left to give back")
+            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        }
+    }
+
     static func four(_ text: String?) throws -> (String, String, String, String) {
         let parts = (text ?? "").split(separator: " ").map(String.init)
         try #require(parts.count == 4, "\(String(describing: text))")

@@ -154,7 +154,10 @@ public struct Scheduler: Service {
     }
 
     private func tick(refreshTimezones: Bool) async {
-        if refreshTimezones { await self.addMonthlyPartitions() }
+        if refreshTimezones {
+            await self.addMonthlyPartitions()
+            await self.truncateEmptiedPartitions()
+        }
         do {
             if refreshTimezones { try await self.queue.refreshKnownTimezones() }
             guard try await self.alignToDatabaseMinute() else { return }
@@ -189,6 +192,24 @@ public struct Scheduler: Service {
             }
         } catch {
             self.logger.warning("Could not add the monthly partitions of profile_metrics", metadata: .errorFields(error))
+        }
+    }
+
+    /// With retention on (start-up and hourly): gives back the space of the months retention has emptied. A
+    /// failure is logged and left to the next hour.
+    private func truncateEmptiedPartitions() async {
+        let days = self.configuration.retentionDays
+        guard days > 0 else { return }
+        do {
+            let truncated = try await self.queue.truncateEmptiedPartitions(retentionDays: days)
+            if truncated > 0 {
+                self.logger.info(
+                    "Truncated the monthly partitions of profile_metrics that retention emptied",
+                    metadata: ["metricsd.partitions": "\(truncated)"])
+            }
+        } catch {
+            self.logger.warning(
+                "Could not truncate the emptied monthly partitions of profile_metrics", metadata: .errorFields(error))
         }
     }
 
