@@ -192,9 +192,11 @@ import Testing
                 INSERT INTO daily_units (timezone, local_date, version, timezone_known, state, users_total, created_at)
                 SELECT DISTINCT timezone, date '2999-12-31', 2, true, 'done', 0, now() FROM users
                 """)
+            // Each batch of 200 takes at least 150 ms, so the job outlasts the second instance's start by seconds
+            // even on a loaded machine (at 40 ms, one instance once finished it before the other claimed a chunk).
             let extra = [
                 "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_LEASE_SECONDS": "2", "METRICSD_CHUNK_SIZE": "1000",
-                "METRICSD_BATCH_SIZE": "200", "METRICSD_FAULTS": "batch-delay-ms=40", "METRICSD_WORKERS": "2",
+                "METRICSD_BATCH_SIZE": "200", "METRICSD_FAULTS": "batch-delay-ms=150", "METRICSD_WORKERS": "2",
             ]
             let trigger = try DaemonProcess(
                 arguments: ["recompute-all"], environment: ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
