@@ -14,16 +14,19 @@
 -- check reads the heap, so only a heap that VACUUM has already cut down (at most 128 pages) is checked; a bigger
 -- one waits for a later call. Statements on profile_metrics that do not rule the partition out by date wait
 -- meanwhile, and a lock not granted within 100 ms is given up for that partition (the next call tries again), so
--- nothing waits longer than that. Safe on every instance at once (metricsd_add_partitions' advisory lock).
--- Returns how many partitions it truncated.
+-- nothing waits longer than that. Safe on every instance at once: a call that finds metricsd_add_partitions'
+-- advisory lock taken returns at once. Returns how many partitions it truncated.
 CREATE FUNCTION metricsd_truncate_empty_partitions(before date) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
   part regclass;
   empty boolean;
   truncated integer := 0;
 BEGIN
+  -- metricsd_add_partitions' lock ('metr', 'part'): another instance holding it is doing this or adding months.
+  IF NOT pg_try_advisory_xact_lock(1835365490, 1885434484) THEN
+    RETURN 0;
+  END IF;
   PERFORM set_config('lock_timeout', '100ms', true);
-  PERFORM pg_advisory_xact_lock(1835365490, 1885434484);  -- 'metr', 'part': metricsd_add_partitions' lock
   FOR part IN
     SELECT c.oid::regclass
     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
