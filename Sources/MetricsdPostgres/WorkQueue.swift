@@ -101,15 +101,17 @@ public struct WorkQueue: Sendable {
     /// (`metricsd_truncate_empty_partitions`: a partition busy for more than 100 ms is left to the next call).
     /// Deleted rows leave space that only new rows of the same month would reuse, and VACUUM never shrinks an
     /// index, so without this the history would keep a month of index space for every month it ever held.
-    /// Returns how many partitions it truncated.
-    public func truncateEmptiedPartitions(retentionDays: Int) async throws -> Int {
+    /// `now` replaces the database clock (tests). Returns how many partitions it truncated.
+    public func truncateEmptiedPartitions(retentionDays: Int, now: Timestamp? = nil) async throws -> Int {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            try connection.transaction { connection in
-                Int(try connection.query(
-                    "SELECT metricsd_truncate_empty_partitions((now() - make_interval(days => $1::int))::date - 1)",
-                    [String(retentionDays)]
-                ).int(0, 0))
-            }
+            // One statement: its own transaction, which the function's lock timeout and advisory lock last for.
+            Int(try connection.query(
+                """
+                SELECT metricsd_truncate_empty_partitions(
+                  (coalesce($2::timestamptz, now()) - make_interval(days => $1::int))::date - 1)
+                """,
+                [String(retentionDays), now?.iso8601]
+            ).int(0, 0))
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import HealthMetrics
 import Logging
 import MetricsdTestSupport
 import Testing
@@ -225,6 +226,34 @@ import Testing
             #expect(try await sizes(m5) == "0 8192 8192 8192")
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0", "nothing left to give back")
             #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        }
+    }
+
+    /// What the scheduler calls with retention on: the months that ended more than `retentionDays` and a day
+    /// before the clock. A month emptied of its rows is truncated once the clock is far enough past it, not before.
+    @Test func retentionTruncatesAMonthOnlyOnceItIsPastTheCutoff() async throws {
+        try await withTestDatabase { database in
+            try await database.seed([.valid(1)])
+            let queue = WorkQueueTests.queue(database)
+            let first = "(date_trunc('month', now()) + interval '3 months')::date"
+            _ = try await database.value("SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '5 months')::date)")
+            let name = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(first), 'YYYY_MM')")))
+            try await database.execute(
+                """
+                INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+                SELECT 1, 25.0, 1600, 2100, 1, \(first) + d, now() - interval '1 day' FROM generate_series(0, 27) d
+                """)
+            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(first) AND metrics_date < \(first) + 28")
+            try await database.execute("VACUUM \(name)")
+            // The month ends on the first of the month after; 10 days of retention, and the clock on that first, 10 or
+            // 12 days after it.
+            let end = try #require(try await database.value("SELECT (\(first) + interval '1 month')::date"))
+            func clock(_ days: Int) throws -> Timestamp {
+                try #require(Timestamp(iso8601: "\(end)T12:00:00Z").map { Timestamp(millisecondsSinceEpoch: $0.millisecondsSinceEpoch + Int64(days) * 86_400_000) })
+            }
+            #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(10)) == 0, "the cutoff's date less a day is before the month's end")
+            #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(12)) == 1)
+            #expect(try await database.value("SELECT pg_relation_size('\(name)') + pg_indexes_size('\(name)')") == "24576")
         }
     }
 
