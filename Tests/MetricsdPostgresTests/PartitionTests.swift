@@ -248,9 +248,8 @@ import Testing
             // The month ends on the first of the month after; 10 days of retention, and the clock on that first, 10 or
             // 12 days after it.
             let end = try #require(try await database.value("SELECT (\(first) + interval '1 month')::date"))
-            func clock(_ days: Int) throws -> Timestamp {
-                try #require(Timestamp(iso8601: "\(end)T12:00:00Z").map { Timestamp(millisecondsSinceEpoch: $0.millisecondsSinceEpoch + Int64(days) * 86_400_000) })
-            }
+            let endNoon = try #require(Timestamp(iso8601: "\(end)T12:00:00Z")).millisecondsSinceEpoch
+            func clock(_ days: Int64) -> Timestamp { Timestamp(millisecondsSinceEpoch: endNoon + days * 86_400_000) }
             #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(10)) == 0, "the cutoff's date less a day is before the month's end")
             #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(12)) == 1)
             #expect(try await database.value("SELECT pg_relation_size('\(name)') + pg_indexes_size('\(name)')") == "24576")
