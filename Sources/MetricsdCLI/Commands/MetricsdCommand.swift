@@ -180,10 +180,11 @@ struct CheckConfig: AsyncParsableCommand {
         discussion: """
             Reads the configuration as `metricsd serve` would here, starts nothing, and prints each problem as one \
             line, `metricsd: <SETTING>: <problem> [<code>]` (the problem's stable error code), on stderr, then each \
-            secret other local users can read \
-            (`metricsd: warning: <SETTING>: …`: a plain environment variable, a world-readable file), then a \
-            summary of what was checked. Exit 0 when the configuration is fine (warnings or not), 78 when it has \
-            problems. Run it as root to check the credentials.
+            warning, `metricsd: warning: <SETTING>: …` (a secret other local users can read: a plain environment \
+            variable, a world-readable file; a TLS certificate that expires within 14 days or is not valid yet), \
+            then a summary of what was checked. A TLS certificate that has expired, or whose key is RSA under 2048 \
+            bits or EC on a curve other than P-256, P-384 or P-521, is a problem. Exit 0 when the configuration is \
+            fine (warnings or not), 78 when it has problems. Run it as root to check the credentials.
             """)
 
     func run() async throws {

@@ -12,7 +12,8 @@ import MetricsdSystemd
 ///
 /// systemd 252 reads a unit's credentials (`LoadCredential=`) when the service starts and never again, so a
 /// renewed TLS certificate in `/etc/credstore` would reach the running service only with a restart. This command
-/// reads the TLS certificate and key from the credential store, checks that they parse and match, and puts a copy
+/// reads the TLS certificate and key from the credential store, checks them as the service would (they parse and
+/// match, the certificate has not expired, its key is strong enough: ``TLSCertificateCheck``), and puts a copy
 /// the service's user alone can read in the service's runtime directory (`$RUNTIME_DIRECTORY/credentials/`), where
 /// the service's reload looks first. A pair that cannot be served fails the reload (one line, exit 78) and the
 /// running service keeps its certificate. Without TLS credentials in the store it does nothing.
@@ -33,15 +34,19 @@ struct RefreshCredentials: ParsableCommand {
         }
         do throws(ConfigurationError) {
             let texts = try sources.map { path throws(ConfigurationError) in try Secrets.readFile(path, what: path) }
-            let expiry: Int
+            let certificate: TLSCertificateCheck
             do {
-                expiry = try TLSIdentity.validate(certificate: texts[0], key: texts[1])
+                certificate = try TLSIdentity.validate(certificate: texts[0], key: texts[1])
             } catch {
                 throw ConfigurationError(.tlsCertificateInvalid, "\(sources[0]), \(sources[1]): \(error.message)")
             }
             let directory = Secrets.refreshDirectory(environment: environment)
             try Self.install(zip(ids, texts).map { ($0, $1) }, in: directory)
-            print("refreshed tls-certificate (valid until \(ConfigCheck.date(expiry))) and tls-key in \(directory)")
+            for warning in certificate.warnings {
+                StandardError.write("metricsd: refresh-credentials: warning: \(sources[0]): \(warning)\n")
+            }
+            print(
+                "refreshed tls-certificate (valid until \(ConfigCheck.date(certificate.notValidAfter)), \(certificate.key), serial \(certificate.serial)) and tls-key in \(directory)")
         } catch {
             StandardError.write("metricsd: refresh-credentials: \(error.message)\n")
             throw ExitCode(78)

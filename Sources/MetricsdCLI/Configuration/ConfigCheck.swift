@@ -19,8 +19,8 @@ import MetricsdPostgres
 /// summed up after them.
 public struct ConfigCheck: Sendable {
     public private(set) var problems: [(setting: String, problem: String, code: String)] = []
-    /// Secrets other local users can read, and other risks (an admin API reachable from other hosts): reported,
-    /// not failed.
+    /// Secrets other local users can read, and other risks (an admin API reachable from other hosts, a TLS
+    /// certificate expiring within 14 days or not valid yet): reported, not failed.
     public private(set) var warnings: [SecretExposure.Warning] = []
     /// Lines of the summary ("what was checked"), printed in either case.
     public private(set) var summary: [(label: String, text: String)] = []
@@ -94,14 +94,17 @@ public struct ConfigCheck: Sendable {
                 _ = try configuration.connectionSettings(environment: environment)
                 if let tls = configuration.tls {
                     do {
-                        let expiry = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
+                        let certificate = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
                         let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap { $0 }
-                        check.note("tls", "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(expiry))")
+                        check.note(
+                            "tls",
+                            "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))")
+                        check.warnings += certificate.warnings.map { SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)") }
                         if tls.onInternal && configuration.internalListen == nil {
                             check.problem("METRICSD_TLS", .invalidValue, "\(tls.onPublic ? "both" : "internal"), but there is no internal listener (METRICSD_INTERNAL_LISTEN)")
                         }
                     } catch {
-                        check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.message)
+                        check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.from(tls.source).message)
                     }
                 }
                 let budget = DescriptorBudget(
@@ -303,12 +306,7 @@ public struct ConfigCheck: Sendable {
 
     /// Seconds since 1970 as a UTC date and time, `2027-01-31 12:00 UTC`.
     static func date(_ seconds: Int) -> String {
-        var time = time_t(seconds)
-        var parts = tm()
-        gmtime_r(&time, &parts)
-        var buffer = [CChar](repeating: 0, count: 32)
-        let count = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M UTC", &parts)
-        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        TLSCertificateCheck.date(seconds)
     }
 
     static func oneLine(_ text: String) -> String {

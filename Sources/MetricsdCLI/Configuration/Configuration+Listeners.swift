@@ -28,6 +28,14 @@ public struct TLSSettings: Sendable {
     public var certificate: String
     /// PEM: the private key.
     public var key: String
+    /// Where the certificate was read from, as messages name it (``Secrets/source(credential:file:environment:)``).
+    public var source: String
+
+    /// Where the certificate is read from (``read(environment:)``), for messages about it.
+    static func source(environment: [String: String]) -> String {
+        Secrets.source(credential: "tls-certificate", file: "METRICSD_TLS_CERTIFICATE_FILE", environment: environment)
+            ?? "the TLS certificate"
+    }
 
     /// The certificate and key as the service reads them (a refreshed copy first, then its credentials, else
     /// `METRICSD_TLS_CERTIFICATE_FILE`/`METRICSD_TLS_KEY_FILE`), both required.
@@ -54,6 +62,6 @@ extension Configuration {
         let (certificate, key) = try TLSSettings.read(environment: environment)
         return TLSSettings(
             onPublic: mode == "public" || mode == "both", onInternal: mode == "internal" || mode == "both",
-            certificate: certificate, key: key)
+            certificate: certificate, key: key, source: TLSSettings.source(environment: environment))
     }
 }

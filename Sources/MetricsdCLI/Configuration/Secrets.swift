@@ -35,6 +35,22 @@ public enum Secrets {
         return nil
     }
 
+    /// Where ``read(credential:file:variable:environment:)`` reads a credential from, as messages name it:
+    /// `credential tls-certificate (PATH)` or `METRICSD_TLS_CERTIFICATE_FILE (PATH)`; nil when from nowhere.
+    public static func source(credential: String, file fileVariable: String?, environment: [String: String]) -> String? {
+        if let directory = environment["CREDENTIALS_DIRECTORY"], !directory.isEmpty {
+            if let refreshed = Self.refreshedCopy(credential, environment: environment) {
+                return "credential \(credential) (\(refreshed))"
+            }
+            let path = directory + "/" + credential
+            if FileManager.default.fileExists(atPath: path) { return "credential \(credential) (\(path))" }
+        }
+        if let fileVariable, let path = environment[fileVariable], !path.isEmpty {
+            return "\(fileVariable) (\(path))"
+        }
+        return nil
+    }
+
     /// Where `metricsd refresh-credentials` puts the credentials it refreshes: `credentials/` in the service's
     /// runtime directory (`$RUNTIME_DIRECTORY`, /run/metricsd).
     public static func refreshDirectory(environment: [String: String]) -> String {

@@ -187,7 +187,7 @@ public enum SettingsCatalog {
             "The former name of METRICSD_INTERNAL_LISTEN (which also serves the admin API); set only one of them."),
         Setting(
             "METRICSD_TLS", .http, .choice(["off", "public", "internal", "both"]), default: "off",
-            "Which listeners speak TLS (1.2 and 1.3 only, forward-secret AEAD ciphers), with the certificate and key from the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate and metricsd-tls-key; enable their LoadCredential= lines). systemctl reload picks up a renewed certificate without dropping a connection."
+            "Which listeners speak TLS (1.2 and 1.3 only, forward-secret AEAD ciphers), with the certificate and key from the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate and metricsd-tls-key; enable their LoadCredential= lines). systemctl reload picks up a renewed certificate without dropping a connection. An expired certificate, or one whose key is RSA under 2048 bits or EC on a curve other than P-256, P-384 or P-521, is refused (at start, on reload, by check-config); one expiring within 14 days is warned about."
         ),
         Setting(
             "METRICSD_TLS_CERTIFICATE_FILE", .http, .file, unset: "the tls-certificate credential",

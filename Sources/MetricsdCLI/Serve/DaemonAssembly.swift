@@ -102,13 +102,15 @@ struct DaemonAssembly {
             started: self.schedulerStarted, status: status, reporter: reporter, logger: self.logger)
 
         let tls = try configuration.tls.map { settings throws(TLSIdentityError) in
-            try TLSIdentity(certificate: settings.certificate, key: settings.key)
+            try self.tlsIdentity(settings)
         }
         let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
         let publicSocket = self.activation.publicSocket.map { ListenerSocket.inherited(descriptor: $0, name: "public") }
             ?? .bind(configuration.listen)
         let internalSocket = self.activation.internalSocket.map { ListenerSocket.inherited(descriptor: $0, name: "internal") }
             ?? configuration.internalListen.map { .bind($0) }
+        if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
+        if configuration.tls?.onInternal == true, internalSocket != nil { tls?.exportExpiry(listener: "internal") }
         var dependencies = HTTPDependencies(
             store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
             formula: formula, prometheus: internalSocket == nil ? self.registry : nil,
@@ -199,6 +201,32 @@ struct DaemonAssembly {
         groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(configuration.shutdownSeconds * 1000))
         groupConfiguration.maximumCancellationDuration = .seconds(5)
         return ServiceGroup(configuration: groupConfiguration)
+    }
+
+    /// The listeners' certificate: refused (expired, a weak key) with where it came from in the message; logged
+    /// with its expiry, and at warning level with what needs attention (expiring soon, not valid yet).
+    func tlsIdentity(_ settings: TLSSettings) throws(TLSIdentityError) -> TLSIdentity {
+        let identity: TLSIdentity
+        do {
+            identity = try TLSIdentity(certificate: settings.certificate, key: settings.key)
+        } catch {
+            throw error.from(settings.source)
+        }
+        Self.logCertificate(identity.certificate, source: settings.source, logger: self.logger)
+        return identity
+    }
+
+    /// "TLS certificate loaded" with its expiry, serial and key, then each warning about it.
+    static func logCertificate(_ certificate: TLSCertificateCheck, source: String, logger: Logger) {
+        let fields: Logger.Metadata = [
+            "metricsd.tls.valid_until": "\(TLSCertificateCheck.date(certificate.notValidAfter))",
+            "metricsd.tls.serial": "\(certificate.serial)", "metricsd.tls.key": "\(certificate.key)",
+            "metricsd.tls.source": "\(source)",
+        ]
+        logger.info("TLS certificate loaded", metadata: fields)
+        for warning in certificate.warnings {
+            logger.warning("TLS certificate needs attention", metadata: fields.merging(["metricsd.tls.problem": "\(warning)"]) { $1 })
+        }
     }
 
     /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its

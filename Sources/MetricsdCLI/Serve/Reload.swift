@@ -34,9 +34,13 @@ struct Reload: Sendable {
             let tokens = try TokenVerifier(configuration.tokens)
             if let identity = self.tls {
                 let (certificate, key) = try TLSSettings.read(environment: environment)
-                try identity.replace(certificate: certificate, key: key)
-                self.logger.info(
-                    "TLS certificate loaded", metadata: ["metricsd.tls.valid_until": "\(ConfigCheck.date(identity.notValidAfter))"])
+                let source = TLSSettings.source(environment: environment)
+                do {
+                    let loaded = try identity.replace(certificate: certificate, key: key)
+                    DaemonAssembly.logCertificate(loaded, source: source, logger: self.logger)
+                } catch {
+                    throw error.from(source)
+                }
             }
             self.levelBox.level = configuration.logLevel
             self.dailyAt.value = configuration.dailyAt

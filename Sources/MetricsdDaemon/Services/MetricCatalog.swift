@@ -61,6 +61,11 @@ enum MetricCatalog {
             "metricsd_http_requests_in_flight", .gauge,
             "Requests being handled right now (requests past METRICSD_MAX_IN_FLIGHT are shed with 503)."),
 
+        // TLS (METRICSD_TLS)
+        Entry(
+            "metricsd_tls_certificate_expiry_timestamp_seconds", .gauge, labels: ["listener"],
+            "When the certificate the listener (public, internal) serves expires, in seconds since 1970; only while it speaks TLS."),
+
         // Database pool
         Entry(
             "metricsd_db_pool_connections", .gauge, labels: ["state"],

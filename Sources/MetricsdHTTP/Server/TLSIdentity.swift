@@ -1,4 +1,5 @@
 import HealthMetrics
+import CoreMetrics
 import NIOCore
 import NIOSSL
 import Synchronization
@@ -11,8 +12,10 @@ import Synchronization
 /// forward-secret AEAD suites (ECDHE with AES-GCM or ChaCha20-Poly1305): an outside scanner finds no weak protocol
 /// or cipher. TLS 1.3's suites are all of that kind already.
 package final class TLSIdentity: Sendable {
-    private let context: Mutex<NIOSSLContext>
-    private let expiry: Mutex<Int>
+    /// The context new connections get, and what its certificate was found to be.
+    private let loaded: Mutex<(context: NIOSSLContext, check: TLSCertificateCheck)>
+    /// `metricsd_tls_certificate_expiry_timestamp_seconds` of each listener that serves this certificate.
+    private let expiryGauges = Mutex<[Gauge]>([])
 
     /// The cipher suites offered under TLS 1.2.
     static let tls12Ciphers = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
@@ -20,34 +23,55 @@ package final class TLSIdentity: Sendable {
     /// - Parameters:
     ///   - certificate: PEM, the server's certificate first, then its intermediates (certbot's `fullchain.pem`).
     ///   - key: PEM, the matching private key.
-    /// - Throws: a ``TLSIdentityError`` saying what is wrong, in one line.
-    package init(certificate: String, key: String) throws(TLSIdentityError) {
-        let (context, expiry) = try Self.make(certificate: certificate, key: key)
-        self.context = Mutex(context)
-        self.expiry = Mutex(expiry)
+    ///   - now: the time to check the certificate's dates at (seconds since 1970).
+    /// - Throws: a ``TLSIdentityError`` saying what is wrong, in one line: also an expired certificate or a weak
+    ///   key (``TLSCertificateCheck``).
+    package init(certificate: String, key: String, now: Int = TLSCertificateCheck.now()) throws(TLSIdentityError) {
+        self.loaded = Mutex(try Self.make(certificate: certificate, key: key, now: now))
     }
 
     /// The context new connections get.
-    var current: NIOSSLContext { self.context.withLock { $0 } }
+    var current: NIOSSLContext { self.loaded.withLock { $0.context } }
+
+    /// The certificate in use: its dates, key and the warnings it had when loaded.
+    package var certificate: TLSCertificateCheck { self.loaded.withLock { $0.check } }
 
     /// When the certificate in use expires (seconds since 1970).
-    package var notValidAfter: Int { self.expiry.withLock { $0 } }
+    package var notValidAfter: Int { self.certificate.notValidAfter }
+
+    /// Exports the certificate's expiry as `metricsd_tls_certificate_expiry_timestamp_seconds{listener}`, kept
+    /// current through ``replace(certificate:key:now:)``.
+    package func exportExpiry(listener: String) {
+        let gauge = Gauge(label: "metricsd_tls_certificate_expiry_timestamp_seconds", dimensions: [("listener", listener)])
+        gauge.record(self.notValidAfter)
+        self.expiryGauges.withLock { $0.append(gauge) }
+    }
 
     /// Replaces the certificate and key for new connections; on error the old ones stay.
-    package func replace(certificate: String, key: String) throws(TLSIdentityError) {
-        let (context, expiry) = try Self.make(certificate: certificate, key: key)
-        self.context.withLock { $0 = context }
-        self.expiry.withLock { $0 = expiry }
-    }
-
-    /// Checks a certificate and key without serving them: the chain parses, the key parses and matches.
-    /// - Returns: when the certificate expires (seconds since 1970).
+    /// - Returns: the new certificate's check, with its warnings.
     @discardableResult
-    package static func validate(certificate: String, key: String) throws(TLSIdentityError) -> Int {
-        try Self.make(certificate: certificate, key: key).1
+    package func replace(certificate: String, key: String, now: Int = TLSCertificateCheck.now()) throws(TLSIdentityError)
+        -> TLSCertificateCheck
+    {
+        let (context, check) = try Self.make(certificate: certificate, key: key, now: now)
+        self.loaded.withLock { $0 = (context, check) }
+        for gauge in self.expiryGauges.withLock({ $0 }) { gauge.record(check.notValidAfter) }
+        return check
     }
 
-    private static func make(certificate: String, key: String) throws(TLSIdentityError) -> (NIOSSLContext, Int) {
+    /// Checks a certificate and key without serving them: the chain parses, the key parses and matches, the
+    /// certificate has not expired and its key is strong enough.
+    /// - Returns: the certificate's dates, key and warnings.
+    @discardableResult
+    package static func validate(
+        certificate: String, key: String, now: Int = TLSCertificateCheck.now()
+    ) throws(TLSIdentityError) -> TLSCertificateCheck {
+        try Self.make(certificate: certificate, key: key, now: now).check
+    }
+
+    private static func make(
+        certificate: String, key: String, now: Int
+    ) throws(TLSIdentityError) -> (context: NIOSSLContext, check: TLSCertificateCheck) {
         let chain: [NIOSSLCertificate]
         do {
             chain = try NIOSSLCertificate.fromPEMBytes(Array(certificate.utf8))
@@ -55,6 +79,7 @@ package final class TLSIdentity: Sendable {
             throw TLSIdentityError("the TLS certificate is not a PEM certificate (\(error))")
         }
         guard let leaf = chain.first else { throw TLSIdentityError("the TLS certificate file holds no PEM certificate") }
+        let check = try TLSCertificateCheck(leaf: leaf, now: now)
         let privateKey: NIOSSLPrivateKey
         do {
             privateKey = try NIOSSLPrivateKey(bytes: Array(key.utf8), format: .pem)
@@ -67,7 +92,7 @@ package final class TLSIdentity: Sendable {
         configuration.cipherSuites = Self.tls12Ciphers
         configuration.applicationProtocols = ["http/1.1"]
         do {
-            return (try NIOSSLContext(configuration: configuration), Int(leaf.notValidAfter))
+            return (try NIOSSLContext(configuration: configuration), check)
         } catch {
             throw TLSIdentityError("the TLS key does not match the certificate, or neither can be used (\(error))")
         }
@@ -78,6 +103,9 @@ package final class TLSIdentity: Sendable {
 package struct TLSIdentityError: CodedError, Sendable {
     package let message: String
     init(_ message: String) { self.message = message }
+
+    /// The same error with where the certificate came from in front: `credential tls-certificate: …`.
+    package func from(_ source: String) -> TLSIdentityError { TLSIdentityError("\(source): \(self.message)") }
     package var description: String { self.message }
     /// The same code as the configuration's: the certificate or key from the settings cannot be used.
     package var errorCode: String { "config.tls_certificate_invalid" }
