@@ -15,8 +15,10 @@ import MetricsdSystemd
 /// reads the TLS certificate and key from the credential store, checks them as the service would (they parse and
 /// match, the certificate has not expired, its key is strong enough: ``TLSCertificateCheck``), and puts a copy
 /// the service's user alone can read in the service's runtime directory (`$RUNTIME_DIRECTORY/credentials/`), where
-/// the service's reload looks first. A pair that cannot be served fails the reload (one line, exit 78) and the
-/// running service keeps its certificate. Without TLS credentials in the store it does nothing.
+/// the service's reload looks first, without following any link the service's user could have planted there
+/// (``RuntimeCredentials``). A pair that cannot be served, or a runtime directory that is not safe to write,
+/// fails the reload (one line, exit 78), nothing is installed and the running service keeps its certificate.
+/// Without TLS credentials in the store it does nothing.
 struct RefreshCredentials: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "refresh-credentials",
@@ -40,47 +42,18 @@ struct RefreshCredentials: ParsableCommand {
             } catch {
                 throw ConfigurationError(.tlsCertificateInvalid, "\(sources[0]), \(sources[1]): \(error.message)")
             }
-            let directory = Secrets.refreshDirectory(environment: environment)
-            try Self.install(zip(ids, texts).map { ($0, $1) }, in: directory)
-            for warning in certificate.warnings {
-                StandardError.write("metricsd: refresh-credentials: warning: \(sources[0]): \(warning)\n")
+            let target = RuntimeCredentials(
+                runtime: Secrets.runtimeDirectory(environment: environment),
+                servicePID: environment["MAINPID"].flatMap { Int32($0) })
+            let replaced = try target.install(zip(ids, texts).map { ($0, $1) })
+            for warning in certificate.warnings.map({ "\(sources[0]): \($0)" }) + replaced {
+                StandardError.write("metricsd: refresh-credentials: warning: \(warning)\n")
             }
             print(
-                "refreshed tls-certificate (valid until \(ConfigCheck.date(certificate.notValidAfter)), \(certificate.key), serial \(certificate.serial)) and tls-key in \(directory)")
+                "refreshed tls-certificate (valid until \(ConfigCheck.date(certificate.notValidAfter)), \(certificate.key), serial \(certificate.serial)) and tls-key in \(target.path)")
         } catch {
             StandardError.write("metricsd: refresh-credentials: \(error.message)\n")
             throw ExitCode(78)
-        }
-    }
-
-    /// Writes each file (mode 0400) into `directory` (mode 0700), both owned by the owner of the directory's parent
-    /// (the runtime directory, owned by the service's user), each by a rename: the service never reads half a file.
-    static func install(_ files: [(name: String, text: String)], in directory: String) throws(ConfigurationError) {
-        let parent = HostEnvironment.directory(of: directory)
-        var owner = stat()
-        guard stat(parent, &owner) == 0 else {
-            throw ConfigurationError(.credentialsRefreshFailed, "\(parent) does not exist: is metricsd running? (\(Secrets.reason(errno)))")
-        }
-        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            throw ConfigurationError(.credentialsRefreshFailed, "cannot create \(directory) (\(Secrets.reason(errno)))")
-        }
-        guard chown(directory, owner.st_uid, owner.st_gid) == 0, chmod(directory, 0o700) == 0 else {
-            throw ConfigurationError(.credentialsRefreshFailed, "cannot give \(directory) to the service's user (\(Secrets.reason(errno)))")
-        }
-        for (name, text) in files {
-            let path = directory + "/" + name
-            let temporary = path + ".new"
-            unlink(temporary)
-            let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o400)
-            guard descriptor >= 0 else { throw ConfigurationError(.credentialsRefreshFailed, "cannot write \(temporary) (\(Secrets.reason(errno)))") }
-            let bytes = Array((text + "\n").utf8)
-            let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-            let chowned = fchown(descriptor, owner.st_uid, owner.st_gid) == 0
-            close(descriptor)
-            guard written == bytes.count, chowned, rename(temporary, path) == 0 else {
-                unlink(temporary)
-                throw ConfigurationError(.credentialsRefreshFailed, "cannot write \(path) (\(Secrets.reason(errno)))")
-            }
         }
     }
 }

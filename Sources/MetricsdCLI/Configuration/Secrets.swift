@@ -54,8 +54,15 @@ public enum Secrets {
     /// Where `metricsd refresh-credentials` puts the credentials it refreshes: `credentials/` in the service's
     /// runtime directory (`$RUNTIME_DIRECTORY`, /run/metricsd).
     public static func refreshDirectory(environment: [String: String]) -> String {
-        let runtime = environment["RUNTIME_DIRECTORY"].flatMap { $0.isEmpty ? nil : $0.split(separator: ":").first.map(String.init) }
-        return (runtime ?? "/run/metricsd") + "/credentials"
+        Self.runtimeDirectory(environment: environment) + "/credentials"
+    }
+
+    /// The service's runtime directory: the first of `$RUNTIME_DIRECTORY` (systemd may list several, `:` apart),
+    /// without a trailing `/`; /run/metricsd when unset.
+    static func runtimeDirectory(environment: [String: String]) -> String {
+        var runtime = Substring(environment["RUNTIME_DIRECTORY"]?.split(separator: ":").first ?? "/run/metricsd")
+        while runtime.count > 1 && runtime.hasSuffix("/") { runtime.removeLast() }
+        return String(runtime)
     }
 
     static func refreshedCopy(_ credential: String, environment: [String: String]) -> String? {
