@@ -4,7 +4,7 @@ import MetricsdTestSupport
 import Testing
 
 /// The real daemon with certificates it must refuse (expired, an RSA key of 1024 bits) or warn about (expiring
-/// within 14 days): at start it exits with one line naming the certificate and what to change; on reload it keeps
+/// within 14 days, not valid yet): at start it exits with one line naming the certificate and what to change; on reload it keeps
 /// serving the certificate it had (the serial a TLS client gets says which) and logs the reason at error level;
 /// `metricsd_tls_certificate_expiry_timestamp_seconds` on /metrics follows the certificate served.
 @Suite struct TLSCertificateTests {
@@ -78,6 +78,7 @@ import Testing
         let expired = try await TestCertificate.make("expired", validFrom: now - 90 * 86_400, until: now - 3600)
         let weak = try await TestCertificate.make("weak", key: .rsa(bits: 1024))
         let renewed = try await TestCertificate.make("renewed", until: now + 90 * 86_400)
+        let early = try await TestCertificate.make("early", validFrom: now + 86_400, until: now + 91 * 86_400)
         try await withTestDatabase { database in
             let served = try Served()
             try served.install(soon)
@@ -104,6 +105,16 @@ import Testing
                 #expect(after?.serial == soon.serial && after?.notAfter == servedNotAfter, "\(String(describing: after))")
                 #expect(try await served.expiryGauge() == soon.notAfter)
             }
+
+            // One not valid yet is taken, with a warning on reload.
+            try served.install(early)
+            daemon.signal(SIGHUP)
+            let taken = try await DaemonProcess.eventually(timeout: .seconds(10)) {
+                try await TestCertificate.served(port: served.publicPort)?.serial == early.serial
+            }
+            let notYet = daemon.log.split(separator: "\n").last { $0.contains("TLS certificate needs attention") } ?? ""
+            #expect(taken && notYet.contains("(serial \(early.serial)) is not valid before"), "\(daemon.log.suffix(3000))")
+            #expect(try await served.expiryGauge() == early.notAfter)
 
             // A good one is taken, and the gauge follows.
             try served.install(renewed)
