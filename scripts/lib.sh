@@ -158,11 +158,14 @@ write_owned_file() {
     mv -f -- "$tmp" "$file" || die "cannot write $file"
 }
 
-# Exits with an error naming the process that listens on 127.0.0.1:PORT (or on every address), if any.
+# Exits with an error naming what holds 127.0.0.1:PORT: a listener, or a connection whose local end is PORT (an
+# outgoing connection takes its local port from net.ipv4.ip_local_port_range, 32768-60999 by default, so a port
+# in that range may be taken at any moment; below it, only a listener takes it). TIME-WAIT does not count: every
+# server here binds with SO_REUSEADDR.
 require_free_port() {
     local port="$1" what="$2" holder
     if ! [[ "$port" =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then die "invalid port '$port' for $what"; fi
-    holder="$(ss -Hltnp "( sport = :$port )" 2>/dev/null | head -n 1)"
+    holder="$(ss -Htanp "( sport = :$port )" 2>/dev/null | { grep -v '^TIME-WAIT' || true; } | head -n 1)"
     [[ -z "$holder" ]] || die "port $port (for $what) is in use: $holder"
 }
 
