@@ -25,8 +25,8 @@ public struct Configuration: Sendable {
     /// the admin API and the health checks (the public one then serves neither `/metrics` nor the admin API); nil
     /// serves everything on the public listener. Under socket activation a socket named `internal` is used instead.
     public var internalListen: ListenAddress?
-    /// `METRICSD_TRUSTED_PROXIES`: the peers whose `X-Forwarded-For`/`Forwarded` name the client in the request
-    /// log.
+    /// `METRICSD_TRUSTED_PROXIES`: the peers whose forwarded-address header names the client in the request log;
+    /// `METRICSD_FORWARDED_HEADER` (default `x-forwarded-for`) is that header, the other is ignored.
     public var trustedProxies: TrustedProxies
     /// `METRICSD_TLS` and the certificate and key (credentials `tls-certificate`, `tls-key`); nil: plain HTTP.
     public var tls: TLSSettings?
@@ -111,7 +111,10 @@ public struct Configuration: Sendable {
         self.trustedProxies = try reader.parse(
             "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(), expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
         ) { TrustedProxies(parsing: $0) }
-        self.tls = try Self.tlsSettings(reader, environment: environment, internalListener: self.internalListen != nil)
+        self.trustedProxies.header = try reader.parse(
+            "METRICSD_FORWARDED_HEADER", default: .xForwardedFor, expected: "x-forwarded-for or forwarded"
+        ) { ForwardedHeader(rawValue: $0.lowercased()) }
+        self.tls = try Self.tlsSettings(reader, environment: environment)
         self.dailyAt = try reader.parse("METRICSD_DAILY_AT", default: .default, expected: "HH:MM, e.g. 00:05") {
             DailyTime(parsing: $0)
         }

@@ -78,6 +78,9 @@ public enum Daemon {
         for warning in exposed {
             logger.warning("Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
         }
+        if let warning = Configuration.trustedProxiesWarning(configuration.trustedProxies) {
+            logger.warning("Trusted proxies: \(warning)", metadata: ["metricsd.setting": "METRICSD_TRUSTED_PROXIES"])
+        }
         for name in UnknownSettings.names(in: environment) {
             logger.warning("Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
         }
