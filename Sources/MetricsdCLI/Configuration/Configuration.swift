@@ -83,6 +83,9 @@ public struct Configuration: Sendable {
     public var writeTimeoutSeconds: Double
     /// `METRICSD_MAX_CONNECTIONS`: open HTTP connections accepted at once, default 1024.
     public var maxConnections: Int
+    /// `METRICSD_INTERNAL_MAX_CONNECTIONS`: open connections accepted at once on the internal listener, default 64
+    /// (its clients are Prometheus and the operator's tools), counted apart from the public ones.
+    public var internalMaxConnections: Int
     /// `METRICSD_MAX_IN_FLIGHT`: requests handled at once; beyond it a request gets an immediate 503 with
     /// `Retry-After`. Default 8 × `METRICSD_DB_POOL_SIZE` (64), at most `METRICSD_MAX_CONNECTIONS`: every request
     /// needs the database, so more in flight only wait, and under overload (the fault-injection suite: 512
@@ -163,6 +166,7 @@ public struct Configuration: Sendable {
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
         self.writeTimeoutSeconds = try reader.number("METRICSD_HTTP_WRITE_TIMEOUT_SECONDS")
         self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS")
+        self.internalMaxConnections = try reader.integer("METRICSD_INTERNAL_MAX_CONNECTIONS")
         self.maxInFlight = try reader.integer(
             "METRICSD_MAX_IN_FLIGHT", default: min(self.maxConnections, 8 * self.poolSize), range: 1...100_000)
         let testVersion = try reader.parseOptional("METRICSD_TEST_FORMULA_VERSION", expected: "a version number") {

@@ -215,7 +215,14 @@ public enum SettingsCatalog {
             "METRICSD_HTTP_WRITE_TIMEOUT_SECONDS", .http, .number(0.1...600), default: "10",
             "A reply the client does not take within this many seconds (it stopped reading) closes the connection; closing replies included."
         ),
-        Setting("METRICSD_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "1024", "Open HTTP connections accepted at once."),
+        Setting(
+            "METRICSD_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "1024",
+            "Open HTTP connections accepted at once on the public listener; beyond it a connection is answered 503 and closed (logged at most every 10 s)."
+        ),
+        Setting(
+            "METRICSD_INTERNAL_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "64",
+            "Open connections accepted at once on the internal listener (Prometheus, the operator's tools), counted apart from the public ones and in the open-file budget beside METRICSD_MAX_CONNECTIONS; beyond it a connection is answered 503 and closed (logged at most every 10 s)."
+        ),
         Setting(
             "METRICSD_MAX_IN_FLIGHT", .http, .integer(1...100_000), default: "64",
             "Requests handled at once; beyond it a request gets an immediate 503 with Retry-After. Default 8 x METRICSD_DB_POOL_SIZE, at most METRICSD_MAX_CONNECTIONS."

@@ -105,41 +105,15 @@ struct DaemonAssembly {
             try TLSIdentity(certificate: settings.certificate, key: settings.key)
         }
         let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
-        let publicSocket = self.activation.publicSocket.map { ListenerSocket.inherited(descriptor: $0, name: "public") }
-            ?? .bind(configuration.listen)
-        let internalSocket = self.activation.internalSocket.map { ListenerSocket.inherited(descriptor: $0, name: "internal") }
-            ?? configuration.internalListen.map { .bind($0) }
+        let internalSockets = self.internalSockets
         var dependencies = HTTPDependencies(
             store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
-            formula: formula, prometheus: internalSocket == nil ? self.registry : nil,
+            formula: formula, prometheus: internalSockets.isEmpty ? self.registry : nil,
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
         dependencies.trustedProxies = configuration.trustedProxies
-        let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
-        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
-        let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
-        let (listening, started, ready, notifier, logger) = (
-            self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
-        )
-        let server = buildAPIServer(
-            dependencies, endpoints: internalSocket == nil ? .api : .public, socket: publicSocket,
-            requestTimeout: requestTimeout, idleTimeout: idleTimeout,
-            writeTimeout: writeTimeout, tls: configuration.tls?.onPublic == true ? tls : nil,
-            maxConnections: configuration.maxConnections,
-            onServerRunning: { channel in
-                listening.open()
-                guard await started.wait() else { return }
-                let address = channel.localAddress.map(Self.describe) ?? configuration.listen.description
-                status.serving(on: address)
-                notifier.ready(status: status.line)
-                ready.open()
-                logger.info(
-                    "metricsd ready",
-                    metadata: [
-                        "metricsd.listen": "\(address)", "metricsd.formula.version": "\(formula.version)",
-                        "metricsd.instance": "\(identity.id)",
-                    ])
-            },
-            logger: self.logger)
+        let server = self.publicServer(
+            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: status, identity: identity)
+        let (notifier, logger) = (self.notifier, self.logger)
         let reload = Reload(
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
             requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
@@ -182,15 +156,20 @@ struct DaemonAssembly {
                     SettingsListener(
                         pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
-        if let internalSocket {
+        if !internalSockets.isEmpty {
+            let timeouts = self.timeouts
             services.append(
                 .init(
                     service: Gated(
                         after: self.databasePrepared,
                         buildAPIServer(
-                            dependencies, endpoints: .internal(self.registry), socket: internalSocket,
-                            requestTimeout: requestTimeout, idleTimeout: idleTimeout, writeTimeout: writeTimeout,
-                            tls: configuration.tls?.onInternal == true ? tls : nil, logger: self.logger))))
+                            dependencies, endpoints: .internal(self.registry), sockets: internalSockets,
+                            requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
+                            tls: configuration.tls?.onInternal == true ? tls : nil,
+                            connectionLimit: .init(
+                                listener: "internal", maximum: configuration.internalMaxConnections,
+                                setting: "METRICSD_INTERNAL_MAX_CONNECTIONS"),
+                            logger: self.logger))))
         }
         services.append(.init(service: Gated(after: self.databasePrepared, server)))
 
@@ -199,6 +178,65 @@ struct DaemonAssembly {
         groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(configuration.shutdownSeconds * 1000))
         groupConfiguration.maximumCancellationDuration = .seconds(5)
         return ServiceGroup(configuration: groupConfiguration)
+    }
+
+    /// The public listener's sockets: those systemd passed (one per `ListenStream=` of metricsd.socket), else
+    /// `METRICSD_LISTEN`.
+    var publicSockets: [ListenerSocket] {
+        self.activation.publicSockets.isEmpty
+            ? [.bind(self.configuration.listen)]
+            : self.activation.publicSockets.map { .inherited(descriptor: $0, name: "public") }
+    }
+
+    /// The internal listener's sockets: those systemd passed (metricsd-internal.socket), else
+    /// `METRICSD_INTERNAL_LISTEN`; none without either.
+    var internalSockets: [ListenerSocket] {
+        if !self.activation.internalSockets.isEmpty {
+            return self.activation.internalSockets.map { .inherited(descriptor: $0, name: "internal") }
+        }
+        return self.configuration.internalListen.map { [.bind($0)] } ?? []
+    }
+
+    var timeouts: (request: TimeAmount, idle: TimeAmount, write: TimeAmount) {
+        (
+            .milliseconds(Int64(self.configuration.requestTimeoutSeconds * 1000)),
+            .milliseconds(Int64(self.configuration.idleTimeoutSeconds * 1000)),
+            .milliseconds(Int64(self.configuration.writeTimeoutSeconds * 1000))
+        )
+    }
+
+    /// The public listener's server. Once every socket accepts it opens the `listening` gate; once the scheduler
+    /// runs too, it reports READY with the addresses it serves.
+    func publicServer(
+        _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints, tls: TLSIdentity?, status: StatusBoard,
+        identity: Instances.Identity
+    ) -> HTTPServer {
+        let configuration = self.configuration
+        let (listening, started, ready, notifier, logger) = (
+            self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
+        )
+        let timeouts = self.timeouts
+        return buildAPIServer(
+            dependencies, endpoints: endpoints, sockets: self.publicSockets,
+            requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
+            tls: configuration.tls?.onPublic == true ? tls : nil,
+            connectionLimit: .init(listener: "public", maximum: configuration.maxConnections, setting: "METRICSD_MAX_CONNECTIONS"),
+            onServerRunning: { channels in
+                listening.open()
+                guard await started.wait() else { return }
+                let addresses = channels.compactMap(\.localAddress).map(Self.describe)
+                let address = addresses.isEmpty ? configuration.listen.description : addresses.joined(separator: ", ")
+                status.serving(on: address)
+                notifier.ready(status: status.line)
+                ready.open()
+                logger.info(
+                    "metricsd ready",
+                    metadata: [
+                        "metricsd.listen": "\(address)", "metricsd.formula.version": "\(configuration.formula.version)",
+                        "metricsd.instance": "\(identity.id)",
+                    ])
+            },
+            logger: self.logger)
     }
 
     /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its
