@@ -6,7 +6,8 @@ internal import CSystemd
 /// `metricsd-internal.socket` when enabled), told apart by their `FileDescriptorName=`.
 ///
 /// systemd keeps its own copy of each socket: connections that arrive while the service restarts or after it
-/// crashed wait in the socket's backlog instead of being refused, and the next process accepts them.
+/// crashed wait in the socket's backlog instead of being refused, and the next process accepts them. A unit with
+/// several `ListenStream=` (IPv4 and IPv6, say) passes several sockets of one name: all of them are that listener's.
 public struct SocketActivation: Sendable, Equatable {
     /// The name of the public listener's socket (`FileDescriptorName=public`); a socket unit without that setting
     /// is named after the unit, `metricsd.socket`, and is the public one too.
@@ -14,24 +15,24 @@ public struct SocketActivation: Sendable, Equatable {
     /// The name of the internal listener's socket (`FileDescriptorName=internal`).
     public static let internalName = "internal"
 
-    /// The public listener's descriptor, if systemd passed one.
-    public var publicSocket: Int32?
-    /// The internal listener's descriptor, if systemd passed one.
-    public var internalSocket: Int32?
+    /// The public listener's descriptors, in the order systemd passed them; empty when it passed none.
+    public var publicSockets: [Int32]
+    /// The internal listener's descriptors; empty when systemd passed none.
+    public var internalSockets: [Int32]
 
-    public init(publicSocket: Int32? = nil, internalSocket: Int32? = nil) {
-        self.publicSocket = publicSocket
-        self.internalSocket = internalSocket
+    public init(publicSockets: [Int32] = [], internalSockets: [Int32] = []) {
+        self.publicSockets = publicSockets
+        self.internalSockets = internalSockets
     }
 
     /// Whether systemd passed any socket.
-    public var isActive: Bool { self.publicSocket != nil || self.internalSocket != nil }
+    public var isActive: Bool { !self.publicSockets.isEmpty || !self.internalSockets.isEmpty }
 
     /// The sockets systemd passed to this process (`sd_listen_fds_with_names(3)`; `LISTEN_PID` must name this
     /// process), removing `LISTEN_FDS`, `LISTEN_PID` and `LISTEN_FDNAMES` from the environment. None when started
     /// without socket activation.
-    /// - Throws: a ``SocketActivationError`` naming the socket: not a listening stream socket, a name that is
-    ///   neither public nor internal, or two of one kind.
+    /// - Throws: a ``SocketActivationError`` naming the socket: not a listening stream socket, or a name that is
+    ///   neither public nor internal.
     public static func fromEnvironment() throws(SocketActivationError) -> SocketActivation {
         var names: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
         let count = sd_listen_fds_with_names(1, &names)
@@ -59,15 +60,9 @@ public struct SocketActivation: Sendable, Equatable {
                 throw SocketActivationError("the socket \(name) from systemd is not a listening stream socket: use ListenStream=")
             }
             if name == Self.internalName {
-                guard activation.internalSocket == nil else {
-                    throw SocketActivationError("systemd passed two sockets named internal: give one socket FileDescriptorName=internal")
-                }
-                activation.internalSocket = descriptor
+                activation.internalSockets.append(descriptor)
             } else if Self.publicNames.contains(name) {
-                guard activation.publicSocket == nil else {
-                    throw SocketActivationError("systemd passed two public sockets: give one socket FileDescriptorName=public")
-                }
-                activation.publicSocket = descriptor
+                activation.publicSockets.append(descriptor)
             } else {
                 throw SocketActivationError(
                     "systemd passed a socket named \(name): name it FileDescriptorName=public or FileDescriptorName=internal")

@@ -42,10 +42,10 @@ package enum APIServer {
             requestLog: RequestLog(mode: requestLog, logger: logger))
         let bound = AsyncStream<Int>.makeStream()
         let server = buildAPIServer(
-            dependencies, socket: .bind(ListenAddress(host: "127.0.0.1", port: 0)), requestTimeout: .seconds(10),
+            dependencies, sockets: [.bind(ListenAddress(host: "127.0.0.1", port: 0))], requestTimeout: .seconds(10),
             idleTimeout: .seconds(60),
-            onServerRunning: { channel in
-                bound.continuation.yield(channel.localAddress?.port ?? 0)
+            onServerRunning: { channels in
+                bound.continuation.yield(channels.first?.localAddress?.port ?? 0)
                 bound.continuation.finish()
             },
             logger: logger)

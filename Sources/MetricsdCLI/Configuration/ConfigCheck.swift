@@ -11,7 +11,7 @@ import MetricsdPostgres
 
 /// `metricsd check-config`: the whole configuration as `metricsd serve` would read it here, checked without
 /// starting anything: every setting in range, the settings files' syntax, the secrets readable and strong enough,
-/// both listeners usable, the database reachable and its schema current.
+/// both listeners usable (the sockets systemd passes, where it does), the database reachable and its schema current.
 ///
 /// Each problem is one line, `metricsd: <SETTING>: <problem> [<code>]`, ending in the failure's stable code (the
 /// one `serve` logs for the same failure, ``CodedError``); each exposed secret (``SecretExposure``) a line
@@ -35,6 +35,7 @@ public struct ConfigCheck: Sendable {
         self.problem(setting, error.errorCode, error.description)
     }
     mutating func note(_ label: String, _ text: String) { self.summary.append((label, text)) }
+    mutating func warn(_ setting: String, _ text: String) { self.warnings.append(SecretExposure.Warning(setting: setting, text: text)) }
 
     /// Runs every check against `base` (the process environment).
     public static func run(environment base: [String: String]) async -> ConfigCheck {
@@ -86,6 +87,8 @@ public struct ConfigCheck: Sendable {
         }
         // 3. Secrets: present, readable, long enough, distinct.
         check.checkSecrets(environment)
+        // The sockets systemd passes the service, where it runs: they replace the listen settings.
+        let systemd = SystemdSockets.query()
         // 4. The rest of what `serve` checks (constraints between settings, the connection string, the open-file
         //    budget), only when nothing above was wrong: its first error would repeat one of them.
         if check.isOK {
@@ -100,15 +103,13 @@ public struct ConfigCheck: Sendable {
                             "tls",
                             "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))")
                         check.warnings += certificate.warnings.map { SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)") }
-                        if tls.onInternal && configuration.internalListen == nil {
-                            check.problem("METRICSD_TLS", .invalidValue, "\(tls.onPublic ? "both" : "internal"), but there is no internal listener (METRICSD_INTERNAL_LISTEN)")
-                        }
                     } catch {
                         check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.from(tls.source).message)
                     }
                 }
                 let budget = DescriptorBudget(
-                    configuration: configuration, readServers: try configuration.readServers(environment: environment).count)
+                    configuration: configuration, readServers: try configuration.readServers(environment: environment).count,
+                    sockets: systemd?.passedSockets ?? (0, 0))
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
                     check.problem("METRICSD_MAX_CONNECTIONS", .openFiles, problem)
@@ -119,24 +120,8 @@ public struct ConfigCheck: Sendable {
                 check.problem(Self.settingName(in: error.message) ?? "configuration", error)
             }
         }
-        // 5. Listeners.
-        let internalNames = ["METRICSD_INTERNAL_LISTEN", "METRICSD_METRICS_LISTEN"]
-        for name in ["METRICSD_LISTEN"] + internalNames {
-            let text = environment[name].flatMap { $0.isEmpty ? nil : $0 } ?? (name == "METRICSD_LISTEN" ? "127.0.0.1:8080" : nil)
-            guard let text, let address = ListenAddress(parsing: text) else { continue }
-            if name == "METRICSD_METRICS_LISTEN" {
-                check.warnings.append(
-                    SecretExposure.Warning(
-                        setting: name, text: "the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it"))
-            }
-            check.checkListener(name, address)
-        }
-        if !internalNames.contains(where: { !(environment[$0] ?? "").isEmpty }) {
-            check.note("internal", "none: /metrics and the admin API on METRICSD_LISTEN (METRICSD_INTERNAL_LISTEN separates them)")
-        }
-        if let proxies = environment["METRICSD_TRUSTED_PROXIES"], let trusted = TrustedProxies(parsing: proxies) {
-            check.note("proxies", "client addresses forwarded by \(trusted) are logged")
-        }
+        // 5. Listeners, as served: systemd's sockets or the settings, each probed (ConfigCheck+Listeners).
+        await check.checkListeners(environment, systemd: systemd)
         // 6. The database and its schema (whatever else is wrong), then the read servers against it.
         await check.checkDatabase(environment)
         await check.checkReadServers(environment)
@@ -201,35 +186,6 @@ public struct ConfigCheck: Sendable {
             _ = try Secrets.read(credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         } catch {
             self.problem("METRICSD_DB_PASSWORD_FILE", error.kind, Self.strip(error.message))
-        }
-    }
-
-    /// Binds the address (then closes it). In use: fine when a metricsd answers `/healthz` there.
-    mutating func checkListener(_ name: String, _ address: ListenAddress) {
-        let label = name == "METRICSD_LISTEN" ? "listen" : "internal"
-        if address.unixPath != nil {
-            self.note(label, "\(address) (a Unix socket, made at start)")
-            return
-        }
-        if label == "internal" && !address.isLocal {
-            self.warnings.append(
-                SecretExposure.Warning(
-                    setting: name, text: "\(address) is reachable from other hosts: the admin API is then protected by its token alone (use a loopback address or unix:PATH)"))
-        }
-        switch ListenerProbe.bind(address) {
-        case .free:
-            self.note(label, "\(address) (free)")
-        case .inUse:
-            let host = address.host == "0.0.0.0" ? "127.0.0.1" : (address.host == "::" ? "::1" : address.host)
-            if case .success(let response) = SimpleHTTP.get(host: host, port: address.port, path: "/healthz", timeout: 2),
-                response.status == 200
-            {
-                self.note(label, "\(address) (in use by a running metricsd)")
-            } else {
-                self.problem(name, .listenUnavailable, "\(address) is in use by another program")
-            }
-        case .failed(let reason):
-            self.problem(name, .listenUnavailable, "cannot listen on \(address): \(reason)")
         }
     }
 

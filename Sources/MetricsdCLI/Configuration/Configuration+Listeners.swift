@@ -53,7 +53,7 @@ public struct TLSSettings: Sendable {
 
 extension Configuration {
     static func tlsSettings(
-        _ reader: EnvironmentReader, environment: [String: String], internalListener: Bool
+        _ reader: EnvironmentReader, environment: [String: String]
     ) throws(ConfigurationError) -> TLSSettings? {
         let mode = try reader.parse("METRICSD_TLS", default: "off", expected: "off, public, internal or both") { text in
             ["off", "public", "internal", "both"].contains(text.lowercased()) ? text.lowercased() : nil
@@ -63,5 +63,28 @@ extension Configuration {
         return TLSSettings(
             onPublic: mode == "public" || mode == "both", onInternal: mode == "internal" || mode == "both",
             certificate: certificate, key: key, source: TLSSettings.source(environment: environment))
+    }
+}
+
+extension Configuration {
+    /// The refusal of a `METRICSD_TLS` that names the internal listener when there is none.
+    public static func tlsWithoutInternalListener(onPublic: Bool) -> ConfigurationError {
+        ConfigurationError(
+            .invalidValue,
+            "METRICSD_TLS=\(onPublic ? "both" : "internal") needs the internal listener, and there is none: set METRICSD_INTERNAL_LISTEN (e.g. 127.0.0.1:8090) or enable metricsd-internal.socket, or set METRICSD_TLS=\(onPublic ? "public" : "public or off")")
+    }
+
+    /// `METRICSD_TLS` names the internal listener, and there is none: no `METRICSD_INTERNAL_LISTEN`, and no socket
+    /// named internal from systemd (`internalFromSystemd`). Nil when the listeners it names exist.
+    public func tlsListenerProblem(internalFromSystemd: Bool) -> ConfigurationError? {
+        guard let tls = self.tls, tls.onInternal, self.internalListen == nil, !internalFromSystemd else { return nil }
+        return Self.tlsWithoutInternalListener(onPublic: tls.onPublic)
+    }
+
+    /// The warning for trusted proxies that include much of the internet (``TrustedProxies/tooBroad``), or nil.
+    public static func trustedProxiesWarning(_ proxies: TrustedProxies) -> String? {
+        let broad = proxies.tooBroad
+        guard !broad.isEmpty else { return nil }
+        return "\(broad.joined(separator: ", ")) \(broad.count == 1 ? "holds" : "hold") much of the internet (wider than /8 for IPv4 or /16 for IPv6): any client there can choose the address the request log shows; list only your proxies' addresses (e.g. 127.0.0.1,::1 for a proxy on this host)"
     }
 }

@@ -25,8 +25,8 @@ public struct Configuration: Sendable {
     /// the admin API and the health checks (the public one then serves neither `/metrics` nor the admin API); nil
     /// serves everything on the public listener. Under socket activation a socket named `internal` is used instead.
     public var internalListen: ListenAddress?
-    /// `METRICSD_TRUSTED_PROXIES`: the peers whose `X-Forwarded-For`/`Forwarded` name the client in the request
-    /// log.
+    /// `METRICSD_TRUSTED_PROXIES`: the peers whose forwarded-address header names the client in the request log;
+    /// `METRICSD_FORWARDED_HEADER` (default `x-forwarded-for`) is that header, the other is ignored.
     public var trustedProxies: TrustedProxies
     /// `METRICSD_TLS` and the certificate and key (credentials `tls-certificate`, `tls-key`); nil: plain HTTP.
     public var tls: TLSSettings?
@@ -83,6 +83,9 @@ public struct Configuration: Sendable {
     public var writeTimeoutSeconds: Double
     /// `METRICSD_MAX_CONNECTIONS`: open HTTP connections accepted at once, default 1024.
     public var maxConnections: Int
+    /// `METRICSD_INTERNAL_MAX_CONNECTIONS`: open connections accepted at once on the internal listener, default 64
+    /// (its clients are Prometheus and the operator's tools), counted apart from the public ones.
+    public var internalMaxConnections: Int
     /// `METRICSD_MAX_IN_FLIGHT`: requests handled at once; beyond it a request gets an immediate 503 with
     /// `Retry-After`. Default 8 × `METRICSD_DB_POOL_SIZE` (64), at most `METRICSD_MAX_CONNECTIONS`: every request
     /// needs the database, so more in flight only wait, and under overload (the fault-injection suite: 512
@@ -111,7 +114,10 @@ public struct Configuration: Sendable {
         self.trustedProxies = try reader.parse(
             "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(), expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
         ) { TrustedProxies(parsing: $0) }
-        self.tls = try Self.tlsSettings(reader, environment: environment, internalListener: self.internalListen != nil)
+        self.trustedProxies.header = try reader.parse(
+            "METRICSD_FORWARDED_HEADER", default: .xForwardedFor, expected: "x-forwarded-for or forwarded"
+        ) { ForwardedHeader(rawValue: $0.lowercased()) }
+        self.tls = try Self.tlsSettings(reader, environment: environment)
         self.dailyAt = try reader.parse("METRICSD_DAILY_AT", default: .default, expected: "HH:MM, e.g. 00:05") {
             DailyTime(parsing: $0)
         }
@@ -160,6 +166,7 @@ public struct Configuration: Sendable {
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
         self.writeTimeoutSeconds = try reader.number("METRICSD_HTTP_WRITE_TIMEOUT_SECONDS")
         self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS")
+        self.internalMaxConnections = try reader.integer("METRICSD_INTERNAL_MAX_CONNECTIONS")
         self.maxInFlight = try reader.integer(
             "METRICSD_MAX_IN_FLIGHT", default: min(self.maxConnections, 8 * self.poolSize), range: 1...100_000)
         let testVersion = try reader.parseOptional("METRICSD_TEST_FORMULA_VERSION", expected: "a version number") {

@@ -10,7 +10,7 @@ import Glibc
 /// Every accepted HTTP connection, every database session and every listener is a descriptor. systemd 252 starts
 /// a service with a soft limit of 1,024 (hard 524,288), below `METRICSD_MAX_CONNECTIONS`' default of 1,024 plus the
 /// pool: without a budget, `accept()` and new database sessions would fail with `EMFILE` (silently: the kernel
-/// keeps the connections in the listen backlog) before the daemon's own connection limit applied. So `serve`
+/// keeps the connections in the listen backlog) before the daemon's own connection limits applied. So `serve`
 /// raises its soft limit to the hard limit at start (``raiseSoftLimit()``) and refuses a configuration whose
 /// budget does not fit (one line naming `METRICSD_MAX_CONNECTIONS`); `check-config` reports the same.
 public struct DescriptorBudget: Sendable, Equatable {
@@ -29,15 +29,24 @@ public struct DescriptorBudget: Sendable, Equatable {
     public static func reserve(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int { 64 + 4 * max(1, cores) }
 
     /// The budget of a daemon with `configuration` and `readServers` hosts in `METRICSD_READ_DATABASE_URL`.
-    public init(configuration: Configuration, readServers: Int = 0) {
+    /// - Parameters:
+    ///   - sockets: the listening sockets systemd passes, when it passes any: they replace `METRICSD_LISTEN` and
+    ///     `METRICSD_INTERNAL_LISTEN` (a dual-stack unit passes two for one listener).
+    public init(configuration: Configuration, readServers: Int = 0, sockets: (public: Int, internal: Int) = (0, 0)) {
+        let publicSockets = sockets.public > 0 ? sockets.public : 1
+        let internalSockets = sockets.internal > 0 ? sockets.internal : (configuration.internalListen == nil ? 0 : 1)
         self.add("HTTP connections (METRICSD_MAX_CONNECTIONS)", configuration.maxConnections)
+        if internalSockets > 0 {
+            self.add("internal listener's connections (METRICSD_INTERNAL_MAX_CONNECTIONS)", configuration.internalMaxConnections)
+        }
         self.add("database pool (METRICSD_DB_POOL_SIZE)", configuration.poolSize)
         self.add("settings listener session", 1)
         if readServers > 0 {
             // Per read server: a pool of METRICSD_READ_BATCHES and the monitor's session; and its session on the primary.
             self.add("read servers' sessions (METRICSD_READ_DATABASE_URL)", readServers * (configuration.readBatches + 1) + 1)
         }
-        self.add(configuration.internalListen == nil ? "listening socket" : "listening sockets", configuration.internalListen == nil ? 1 : 2)
+        let listening = publicSockets + internalSockets
+        self.add(listening == 1 ? "listening socket" : "listening sockets", listening)
         self.add("reserve", Self.reserve())
     }
 

@@ -199,7 +199,11 @@ public enum SettingsCatalog {
         ),
         Setting(
             "METRICSD_TRUSTED_PROXIES", .http, .networks, unset: "none: the peer's address",
-            "Reverse proxies whose Forwarded or X-Forwarded-For header names the client in the request log (HTTP_CLIENT). From any other peer these headers are ignored."
+            "Reverse proxies whose forwarded-address header (METRICSD_FORWARDED_HEADER) names the client in the request log (HTTP_CLIENT), read from the right up to the first address that is not a trusted proxy. From any other peer the header is ignored. A range that holds much of the internet (wider than /8 for IPv4 or /16 for IPv6, holding public addresses) is accepted with a warning at start and in check-config: any client in it could choose the address logged."
+        ),
+        Setting(
+            "METRICSD_FORWARDED_HEADER", .http, .choice(["x-forwarded-for", "forwarded"]), default: "x-forwarded-for",
+            "The one header that names the client behind a trusted proxy; the other is ignored, from every peer. x-forwarded-for is what the nginx example sets (it also clears Forwarded, which a client could send itself); forwarded reads the for= of RFC 7239's Forwarded, for a proxy that sets that one (and clears X-Forwarded-For)."
         ),
         Setting(
             "METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS", .http, .number(0.1...600), default: "10",
@@ -211,7 +215,14 @@ public enum SettingsCatalog {
             "METRICSD_HTTP_WRITE_TIMEOUT_SECONDS", .http, .number(0.1...600), default: "10",
             "A reply the client does not take within this many seconds (it stopped reading) closes the connection; closing replies included."
         ),
-        Setting("METRICSD_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "1024", "Open HTTP connections accepted at once."),
+        Setting(
+            "METRICSD_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "1024",
+            "Open HTTP connections accepted at once on the public listener; beyond it a connection is answered 503 and closed (logged at most every 10 s)."
+        ),
+        Setting(
+            "METRICSD_INTERNAL_MAX_CONNECTIONS", .http, .integer(1...100_000), default: "64",
+            "Open connections accepted at once on the internal listener (Prometheus, the operator's tools), counted apart from the public ones and in the open-file budget beside METRICSD_MAX_CONNECTIONS; beyond it a connection is answered 503 and closed (logged at most every 10 s)."
+        ),
         Setting(
             "METRICSD_MAX_IN_FLIGHT", .http, .integer(1...100_000), default: "64",
             "Requests handled at once; beyond it a request gets an immediate 503 with Retry-After. Default 8 x METRICSD_DB_POOL_SIZE, at most METRICSD_MAX_CONNECTIONS."

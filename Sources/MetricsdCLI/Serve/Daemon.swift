@@ -46,14 +46,6 @@ public enum Daemon {
             return Self.fatal(
                 "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
         }
-        // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
-        let budget = DescriptorBudget(configuration: configuration, readServers: readServers.count)
-        let descriptors = DescriptorBudget.raiseSoftLimit()
-        if let problem = budget.problem(limit: descriptors.soft) {
-            return Self.fatal(
-                "configuration error: \(problem)", code: ConfigurationError.Kind.openFiles.rawValue, errno: EINVAL,
-                notifier: early, logger: earlyLogger)
-        }
         // The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor.
         let activation: SocketActivation
         do {
@@ -62,6 +54,21 @@ public enum Daemon {
             return Self.fatal(
                 "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF, notifier: early,
                 logger: earlyLogger)
+        }
+        // METRICSD_TLS must name listeners that exist, systemd's sockets included: never TLS nowhere, silently.
+        if let problem = configuration.tlsListenerProblem(internalFromSystemd: !activation.internalSockets.isEmpty) {
+            return Self.fatal(
+                "configuration error: \(problem)", code: problem.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
+        }
+        // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
+        let budget = DescriptorBudget(
+            configuration: configuration, readServers: readServers.count,
+            sockets: (activation.publicSockets.count, activation.internalSockets.count))
+        let descriptors = DescriptorBudget.raiseSoftLimit()
+        if let problem = budget.problem(limit: descriptors.soft) {
+            return Self.fatal(
+                "configuration error: \(problem)", code: ConfigurationError.Kind.openFiles.rawValue, errno: EINVAL,
+                notifier: early, logger: earlyLogger)
         }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
@@ -77,6 +84,9 @@ public enum Daemon {
             underSystemd: host.underSystemd)
         for warning in exposed {
             logger.warning("Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
+        }
+        if let warning = Configuration.trustedProxiesWarning(configuration.trustedProxies) {
+            logger.warning("Trusted proxies: \(warning)", metadata: ["metricsd.setting": "METRICSD_TRUSTED_PROXIES"])
         }
         for name in UnknownSettings.names(in: environment) {
             logger.warning("Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
@@ -126,8 +136,8 @@ public enum Daemon {
             logger.info(
                 "Listening sockets from systemd",
                 metadata: [
-                    "metricsd.socket.public": "\(activation.publicSocket.map { "descriptor \($0)" } ?? "none: binds METRICSD_LISTEN")",
-                    "metricsd.socket.internal": "\(activation.internalSocket.map { "descriptor \($0)" } ?? "none")",
+                    "metricsd.socket.public": "\(Self.describe(activation.publicSockets, otherwise: "none: binds METRICSD_LISTEN"))",
+                    "metricsd.socket.internal": "\(Self.describe(activation.internalSockets, otherwise: "none"))",
                 ])
         }
         if environment["METRICSD_METRICS_LISTEN"].map({ !$0.isEmpty }) ?? false {
@@ -163,6 +173,12 @@ public enum Daemon {
         await replicas?.close()
         await pool.close()
         return code
+    }
+
+    /// `descriptor 3`, `descriptors 3, 4`, or `otherwise` when there are none.
+    static func describe(_ descriptors: [Int32], otherwise: String) -> String {
+        guard !descriptors.isEmpty else { return otherwise }
+        return (descriptors.count == 1 ? "descriptor " : "descriptors ") + descriptors.map(String.init).joined(separator: ", ")
     }
 
     // MARK: Errors

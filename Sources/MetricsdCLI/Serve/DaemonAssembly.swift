@@ -105,43 +105,17 @@ struct DaemonAssembly {
             try self.tlsIdentity(settings)
         }
         let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
-        let publicSocket = self.activation.publicSocket.map { ListenerSocket.inherited(descriptor: $0, name: "public") }
-            ?? .bind(configuration.listen)
-        let internalSocket = self.activation.internalSocket.map { ListenerSocket.inherited(descriptor: $0, name: "internal") }
-            ?? configuration.internalListen.map { .bind($0) }
+        let internalSockets = self.internalSockets
         if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
-        if configuration.tls?.onInternal == true, internalSocket != nil { tls?.exportExpiry(listener: "internal") }
+        if configuration.tls?.onInternal == true, !internalSockets.isEmpty { tls?.exportExpiry(listener: "internal") }
         var dependencies = HTTPDependencies(
             store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
-            formula: formula, prometheus: internalSocket == nil ? self.registry : nil,
+            formula: formula, prometheus: internalSockets.isEmpty ? self.registry : nil,
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
         dependencies.trustedProxies = configuration.trustedProxies
-        let requestTimeout = TimeAmount.milliseconds(Int64(configuration.requestTimeoutSeconds * 1000))
-        let idleTimeout = TimeAmount.milliseconds(Int64(configuration.idleTimeoutSeconds * 1000))
-        let writeTimeout = TimeAmount.milliseconds(Int64(configuration.writeTimeoutSeconds * 1000))
-        let (listening, started, ready, notifier, logger) = (
-            self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
-        )
-        let server = buildAPIServer(
-            dependencies, endpoints: internalSocket == nil ? .api : .public, socket: publicSocket,
-            requestTimeout: requestTimeout, idleTimeout: idleTimeout,
-            writeTimeout: writeTimeout, tls: configuration.tls?.onPublic == true ? tls : nil,
-            maxConnections: configuration.maxConnections,
-            onServerRunning: { channel in
-                listening.open()
-                guard await started.wait() else { return }
-                let address = channel.localAddress.map(Self.describe) ?? configuration.listen.description
-                status.serving(on: address)
-                notifier.ready(status: status.line)
-                ready.open()
-                logger.info(
-                    "metricsd ready",
-                    metadata: [
-                        "metricsd.listen": "\(address)", "metricsd.formula.version": "\(formula.version)",
-                        "metricsd.instance": "\(identity.id)",
-                    ])
-            },
-            logger: self.logger)
+        let server = self.publicServer(
+            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: status, identity: identity)
+        let (notifier, logger) = (self.notifier, self.logger)
         let reload = Reload(
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
             requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
@@ -184,15 +158,20 @@ struct DaemonAssembly {
                     SettingsListener(
                         pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
-        if let internalSocket {
+        if !internalSockets.isEmpty {
+            let timeouts = self.timeouts
             services.append(
                 .init(
                     service: Gated(
                         after: self.databasePrepared,
                         buildAPIServer(
-                            dependencies, endpoints: .internal(self.registry), socket: internalSocket,
-                            requestTimeout: requestTimeout, idleTimeout: idleTimeout, writeTimeout: writeTimeout,
-                            tls: configuration.tls?.onInternal == true ? tls : nil, logger: self.logger))))
+                            dependencies, endpoints: .internal(self.registry), sockets: internalSockets,
+                            requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
+                            tls: configuration.tls?.onInternal == true ? tls : nil,
+                            connectionLimit: .init(
+                                listener: "internal", maximum: configuration.internalMaxConnections,
+                                setting: "METRICSD_INTERNAL_MAX_CONNECTIONS"),
+                            logger: self.logger))))
         }
         services.append(.init(service: Gated(after: self.databasePrepared, server)))
 
@@ -203,30 +182,9 @@ struct DaemonAssembly {
         return ServiceGroup(configuration: groupConfiguration)
     }
 
-    /// The listeners' certificate: refused (expired, a weak key) with where it came from in the message; logged
-    /// with its expiry, and at warning level with what needs attention (expiring soon, not valid yet).
-    func tlsIdentity(_ settings: TLSSettings) throws(TLSIdentityError) -> TLSIdentity {
-        let identity: TLSIdentity
-        do {
-            identity = try TLSIdentity(certificate: settings.certificate, key: settings.key)
-        } catch {
-            throw error.from(settings.source)
-        }
-        Self.logCertificate(identity.certificate, source: settings.source, logger: self.logger)
-        return identity
-    }
-
-    /// "TLS certificate loaded" with its expiry, serial and key, then each warning about it.
-    static func logCertificate(_ certificate: TLSCertificateCheck, source: String, logger: Logger) {
-        let fields: Logger.Metadata = [
-            "metricsd.tls.valid_until": "\(TLSCertificateCheck.date(certificate.notValidAfter))",
-            "metricsd.tls.serial": "\(certificate.serial)", "metricsd.tls.key": "\(certificate.key)",
-            "metricsd.tls.source": "\(source)",
-        ]
-        logger.info("TLS certificate loaded", metadata: fields)
-        for warning in certificate.warnings {
-            logger.warning("TLS certificate needs attention", metadata: fields.merging(["metricsd.tls.problem": "\(warning)"]) { $1 })
-        }
+        let internalSockets = self.internalSockets
+        if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
+        if configuration.tls?.onInternal == true, !internalSockets.isEmpty { tls?.exportExpiry(listener: "internal") }
     }
 
     /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its

@@ -85,14 +85,15 @@ func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
 ///   - idleTimeout: between a reply and the next request.
 ///   - writeTimeout: for a reply the client does not take (closing replies included).
 package func buildAPIServer(
-    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, socket: ListenerSocket,
+    _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, sockets: [ListenerSocket],
     requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10), tls: TLSIdentity? = nil,
-    maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
+    connectionLimit: ConnectionLimit.Settings? = nil, onServerRunning: (@Sendable ([any Channel]) async -> Void)? = nil,
+    logger: Logger
 ) -> HTTPServer {
     buildHTTPServer(
         endpoints: endpoints.list(dependencies), credentials: dependencies.credentials, inFlight: dependencies.inFlight,
-        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, socket: socket,
+        maxInFlight: dependencies.maxInFlight, requestLog: dependencies.requestLog, sockets: sockets,
         timeouts: HTTPTimeouts(request: requestTimeout, idle: idleTimeout, write: writeTimeout),
-        proxies: dependencies.trustedProxies, tls: tls, maxConnections: maxConnections,
+        proxies: dependencies.trustedProxies, tls: tls, connectionLimit: connectionLimit,
         onServerRunning: onServerRunning, logger: logger)
 }

@@ -1,14 +1,42 @@
+import Logging
 import NIOCore
 import Synchronization
 
 /// The open connections of one listener. Beyond the limit a connection is still accepted, so that it leaves the
 /// kernel's queue at once, and answered by ``ConnectionRefusal``: nothing waits in a queue that grows.
-final class ConnectionLimit: Sendable {
-    let limit: Int
-    private let open = Atomic<Int>(0)
+///
+/// Refusals are logged as a warning naming the listener and the setting that sets its limit: the first at once,
+/// then at most one line per ``logInterval`` with the number refused since the line before, so a flood of
+/// connections does not become a flood of log lines.
+package final class ConnectionLimit: Sendable {
+    /// Which listener, its limit, and the setting that sets it (named in the log).
+    package struct Settings: Sendable {
+        package let listener: String
+        package let maximum: Int
+        package let setting: String
 
-    init(_ limit: Int) {
-        self.limit = limit
+        package init(listener: String, maximum: Int, setting: String) {
+            self.listener = listener
+            self.maximum = maximum
+            self.setting = setting
+        }
+    }
+
+    static let logInterval: UInt64 = 10_000_000_000
+
+    let limit: Int
+    private let settings: Settings
+    private let logger: Logger
+    private let open = Atomic<Int>(0)
+    /// Refused since the last log line.
+    private let refused = Atomic<Int>(0)
+    /// When the last log line was written (`NIODeadline` uptime nanoseconds); 0 before the first.
+    private let loggedAt = Atomic<UInt64>(0)
+
+    init(_ settings: Settings, logger: Logger) {
+        self.limit = settings.maximum
+        self.settings = settings
+        self.logger = logger
     }
 
     /// Counts `channel` until it closes; false when it is over the limit (it is then not counted: the slot it
@@ -17,10 +45,27 @@ final class ConnectionLimit: Sendable {
         let count = self.open.add(1, ordering: .relaxed).newValue
         guard count <= self.limit else {
             self.open.subtract(1, ordering: .relaxed)
+            self.noteRefusal()
             return false
         }
         channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
         return true
+    }
+
+    private func noteRefusal() {
+        self.refused.add(1, ordering: .relaxed)
+        let now = NIODeadline.now().uptimeNanoseconds
+        let last = self.loggedAt.load(ordering: .relaxed)
+        guard last == 0 || now &- last >= Self.logInterval,
+            self.loggedAt.compareExchange(expected: last, desired: max(now, 1), ordering: .relaxed).exchanged
+        else { return }
+        let count = self.refused.exchange(0, ordering: .relaxed)
+        self.logger.warning(
+            "Too many connections: new ones are answered 503 and closed",
+            metadata: [
+                "metricsd.listener": "\(self.settings.listener)", "metricsd.connections.limit": "\(self.limit)",
+                "metricsd.connections.refused": "\(count)", "metricsd.setting": "\(self.settings.setting)",
+            ])
     }
 }
 

@@ -16,21 +16,23 @@ import NIOSSL
 ///     gets an immediate 503.
 ///   - proxies: peers whose forwarded client address the request log shows.
 ///   - tls: the certificate, when the listener speaks TLS.
-///   - maxConnections: connections beyond it are accepted, answered 503 and closed at once (a client learns at
-///     once; nothing waits in a queue).
-///   - onServerRunning: called once the listener accepts, with its channel (for the bound address).
+///   - sockets: the listener's sockets (several for a dual-stack socket unit), served alike.
+///   - connectionLimit: connections beyond its maximum are accepted, answered 503 and closed at once (a client
+///     learns at once; nothing waits in a queue), and logged.
+///   - onServerRunning: called once every socket accepts, with their channels (for the bound addresses).
 package func buildHTTPServer(
     endpoints: [Endpoint], credentials: CredentialBox, inFlight: InFlightCounter, maxInFlight: Int,
-    requestLog: RequestLog, socket: ListenerSocket, timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
-    tls: TLSIdentity? = nil, maxConnections: Int? = nil, onServerRunning: (@Sendable (any Channel) async -> Void)? = nil, logger: Logger
+    requestLog: RequestLog, sockets: [ListenerSocket], timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
+    tls: TLSIdentity? = nil, connectionLimit: ConnectionLimit.Settings? = nil,
+    onServerRunning: (@Sendable ([any Channel]) async -> Void)? = nil, logger: Logger
 ) -> HTTPServer {
     let dispatcher = APIDispatcher(
         endpoints: endpoints, credentials: credentials, inFlight: inFlight, maxInFlight: maxInFlight,
         requestLog: requestLog, logger: logger)
     let setup = HTTPChannelSetup(
         dispatcher: dispatcher, timeouts: timeouts, proxies: proxies, tls: tls,
-        connections: maxConnections.map { ConnectionLimit($0) })
-    return HTTPServer(socket: socket, setup: setup, onRunning: onServerRunning, logger: logger)
+        connections: connectionLimit.map { ConnectionLimit($0, logger: logger) })
+    return HTTPServer(sockets: sockets, setup: setup, onRunning: onServerRunning, logger: logger)
 }
 
 /// One HTTP/1.1 connection's pipeline and task.

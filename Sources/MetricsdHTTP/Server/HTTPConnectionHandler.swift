@@ -157,11 +157,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let peer = self.peer ?? TrustedProxies.Peer(context.channel.remoteAddress)
         self.peer = peer
         guard !self.proxies.isEmpty else { return peer.text }
-        let forwarded = head.headers["forwarded"]
-        let forwardedFor = head.headers["x-forwarded-for"]
-        return self.proxies.client(
-            peer: peer, forwarded: forwarded.isEmpty ? nil : forwarded.joined(separator: ", "),
-            forwardedFor: forwardedFor.isEmpty ? nil : forwardedFor.joined(separator: ", "))
+        let values = head.headers[self.proxies.header.rawValue]
+        return self.proxies.client(peer: peer, forwarded: values.isEmpty ? nil : values.joined(separator: ", "))
     }
 
     // MARK: Outbound

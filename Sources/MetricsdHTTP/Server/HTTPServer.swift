@@ -20,50 +20,71 @@ package enum ListenerSocket: Sendable, CustomStringConvertible {
 }
 
 /// The HTTP/1.1 server of one listener, as a `Service`: the daemon runs one per listener, and so do the HTTP test
-/// suites.
+/// suites. A listener may have several sockets (a socket unit with an IPv4 and an IPv6 `ListenStream=`): one
+/// server serves them all, with one connection limit.
 ///
 /// NIO's `ServerBootstrap` binds the address, or takes a socket systemd already bound (socket activation,
 /// `bind(_:)` with a descriptor, which HummingbirdCore's server cannot take); each accepted connection
 /// gets the pipeline of ``HTTPChannelSetup`` and a task of its own. Graceful shutdown is NIO's
-/// `ServerQuiescingHelper`: it closes this process's listening socket (one systemd holds stays open, and what
-/// queues in it waits for the next process), then tells every connection to finish (``DrainGate``), and the
-/// server returns once the last one has closed.
+/// `ServerQuiescingHelper`, one per socket: it closes this process's listening socket (one systemd holds stays
+/// open, and what queues in it waits for the next process), then tells every connection to finish
+/// (``DrainGate``), and the server returns once the last one has closed.
 package final class HTTPServer: Service, Sendable {
-    private let socket: ListenerSocket
+    private let sockets: [ListenerSocket]
     private let setup: HTTPChannelSetup
-    private let onRunning: (@Sendable (any Channel) async -> Void)?
+    private let onRunning: (@Sendable ([any Channel]) async -> Void)?
     private let logger: Logger
-    private let quiescing = ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton)
+    private let quiescing: [ServerQuiescingHelper]
 
-    /// - Parameter onRunning: called once the listener accepts, with its channel (for the bound address).
+    /// - Parameter onRunning: called once every socket accepts, with their channels (for the bound addresses).
     package init(
-        socket: ListenerSocket, setup: HTTPChannelSetup, onRunning: (@Sendable (any Channel) async -> Void)? = nil,
+        sockets: [ListenerSocket], setup: HTTPChannelSetup, onRunning: (@Sendable ([any Channel]) async -> Void)? = nil,
         logger: Logger
     ) {
-        self.socket = socket
+        precondition(!sockets.isEmpty, "a listener has at least one socket")
+        self.sockets = sockets
         self.setup = setup
         self.onRunning = onRunning
         self.logger = logger
+        self.quiescing = sockets.map { _ in ServerQuiescingHelper(group: MultiThreadedEventLoopGroup.singleton) }
     }
 
     package func run() async throws {
-        let server = try await self.listen()
-        let (setup, logger) = (self.setup, self.logger)
+        var servers: [NIOAsyncChannel<HTTPChannelSetup.Connection, Never>] = []
+        do {
+            for (socket, quiescing) in zip(self.sockets, self.quiescing) { servers.append(try await self.listen(socket, quiescing)) }
+        } catch {
+            // One socket that cannot be used stops the listener: those already open are closed again.
+            for server in servers { try? await server.channel.close() }
+            throw error
+        }
+        let (setup, logger, bound) = (self.setup, self.logger, servers)
         await withGracefulShutdownHandler {
-            await self.onRunning?(server.channel)
+            await self.onRunning?(bound.map(\.channel))
             await withDiscardingTaskGroup { group in
-                do {
-                    try await server.executeThenClose { inbound in
-                        for try await connection in inbound {
-                            group.addTask { await setup.handle(connection) }
-                        }
-                    }
-                } catch {
-                    logger.error("Listener failed", metadata: ["metricsd.error": "\(error)"])
+                for server in bound {
+                    group.addTask { await Self.accept(server, setup: setup, logger: logger) }
                 }
             }
         } onGracefulShutdown: {
             self.initiateShutdown(promise: nil)
+        }
+    }
+
+    /// Accepts connections on one socket until it closes, each in a task of its own.
+    private static func accept(
+        _ server: NIOAsyncChannel<HTTPChannelSetup.Connection, Never>, setup: HTTPChannelSetup, logger: Logger
+    ) async {
+        await withDiscardingTaskGroup { group in
+            do {
+                try await server.executeThenClose { inbound in
+                    for try await connection in inbound {
+                        group.addTask { await setup.handle(connection) }
+                    }
+                }
+            } catch {
+                logger.error("Listener failed", metadata: ["metricsd.error": "\(error)"])
+            }
         }
     }
 
@@ -75,8 +96,16 @@ package final class HTTPServer: Service, Sendable {
         try await promise.futureResult.get()
     }
 
+    /// Every socket's helper stops; `promise` is fulfilled once all of them are done.
     private func initiateShutdown(promise: EventLoopPromise<Void>?) {
-        self.quiescing.initiateShutdown(promise: promise)
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let done = self.quiescing.map { quiescing in
+            let each = loop.makePromise(of: Void.self)
+            quiescing.initiateShutdown(promise: each)
+            return each.futureResult
+        }
+        guard let promise else { return }
+        EventLoopFuture.andAllSucceed(done, on: loop).cascade(to: promise)
     }
 
     /// The listen backlog of a socket the server binds (a socket from systemd has the unit's `Backlog=`): the
@@ -89,8 +118,9 @@ package final class HTTPServer: Service, Sendable {
     /// loop's task, `serverBackPressureStrategy: nil`, made no difference there).
     static let backlog: Int32 = 4096
 
-    private func listen() async throws -> NIOAsyncChannel<HTTPChannelSetup.Connection, Never> {
-        let quiescing = self.quiescing
+    private func listen(
+        _ socket: ListenerSocket, _ quiescing: ServerQuiescingHelper
+    ) async throws -> NIOAsyncChannel<HTTPChannelSetup.Connection, Never> {
         let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(ChannelOptions.backlog, value: Self.backlog)
             .serverChannelInitializer { channel in
@@ -102,7 +132,7 @@ package final class HTTPServer: Service, Sendable {
         let setup = self.setup
         let initializer: @Sendable (any Channel) -> EventLoopFuture<HTTPChannelSetup.Connection> = { setup.configure($0) }
         let server: NIOAsyncChannel<HTTPChannelSetup.Connection, Never>
-        switch self.socket {
+        switch socket {
         case .bind(let address):
             if let path = address.unixPath {
                 server = try await bootstrap.bind(
@@ -117,7 +147,7 @@ package final class HTTPServer: Service, Sendable {
             server = try await bootstrap.bind(
                 descriptor, childChannelInitializer: initializer)
         }
-        self.logger.debug("Listening", metadata: ["metricsd.listen": "\(self.socket)"])
+        self.logger.debug("Listening", metadata: ["metricsd.listen": "\(socket)"])
         return server
     }
 }

@@ -1,14 +1,47 @@
 import Glibc
 import NIOCore
 
-/// `METRICSD_TRUSTED_PROXIES`: the peers (a reverse proxy in front of metricsd) whose `Forwarded` or
-/// `X-Forwarded-For` header names the client in the request log. A header from any other peer — an internet
+/// `METRICSD_FORWARDED_HEADER`: the one header that names the client behind a trusted proxy. The other is ignored,
+/// whoever sends it: a proxy sets one and passes the client's own other header through, so reading both (or
+/// preferring one) lets the client choose what is logged.
+public enum ForwardedHeader: String, Sendable, CaseIterable {
+    /// `X-Forwarded-For: client, proxy1` (nginx's `$proxy_add_x_forwarded_for`; the default).
+    case xForwardedFor = "x-forwarded-for"
+    /// `Forwarded: for=client;proto=https, for=proxy1` (RFC 7239).
+    case forwarded
+
+    /// The header's name as written in requests.
+    public var fieldName: String { self == .forwarded ? "Forwarded" : "X-Forwarded-For" }
+
+    /// The header that is ignored.
+    public var other: ForwardedHeader { self == .forwarded ? .xForwardedFor : .forwarded }
+}
+
+/// `METRICSD_TRUSTED_PROXIES`: the peers (a reverse proxy in front of metricsd) whose forwarded-address header
+/// (``ForwardedHeader``) names the client in the request log. The header from any other peer — an internet
 /// client sending one directly — is ignored: the log shows the peer's own address.
 public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
     /// An address and prefix length: `10.0.0.0/8`, `::1/128`.
     struct Network: Sendable, Equatable {
         let bytes: [UInt8]
         let prefix: Int
+
+        /// Whether this network holds much of the internet: wider than any one operator's addresses, so that
+        /// trusting it trusts strangers. IPv4: wider than /8 (the largest blocks ever allocated to one holder
+        /// are /8s) and not all multicast or reserved (224.0.0.0/3); every such range holds public addresses.
+        /// IPv6: wider than /16 (the regional registries hold /12s; the largest allocations to one holder are
+        /// around /19) and overlapping global unicast, 2000::/3.
+        var isTooBroad: Bool {
+            if self.bytes.count == 4 {
+                return self.prefix < 8 && !(self.prefix >= 3 && self.bytes[0] & 0xE0 == 0xE0)
+            }
+            // Overlaps 2000::/3 when the first min(prefix, 3) bits agree with 001.
+            let bits = min(self.prefix, 3)
+            let mask = UInt8(truncatingIfNeeded: 0xFF << (8 - bits))
+            return self.prefix < 16 && (bits == 0 || self.bytes[0] & mask == 0x20 & mask)
+        }
+
+        var text: String { "\(TrustedProxies.describe(self.bytes))/\(self.prefix)" }
 
         func contains(_ address: [UInt8]) -> Bool {
             guard address.count == self.bytes.count else { return false }
@@ -25,6 +58,8 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
 
     let networks: [Network]
     private let text: String
+    /// The header read from a trusted peer.
+    public var header: ForwardedHeader = .xForwardedFor
 
     /// No trusted proxy (the default): every request is logged with its peer's address.
     public init() {
@@ -53,22 +88,22 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
     public var isEmpty: Bool { self.networks.isEmpty }
     public var description: String { self.isEmpty ? "none" : self.text }
 
+    /// The networks that hold much of the internet (``Network/isTooBroad``), as `address/prefix`.
+    public var tooBroad: [String] { self.networks.filter(\.isTooBroad).map(\.text) }
+
     func trusts(_ address: [UInt8]) -> Bool { self.networks.contains { $0.contains(address) } }
 
-    /// The client of a request from `peer` (the connection's remote address, already described) with these header
-    /// values: the peer itself unless it is trusted; then the nearest address in `Forwarded` (else
-    /// `X-Forwarded-For`), read from the right, that is not itself a trusted proxy. An entry that is not an
-    /// address stops the walk at the last trusted hop.
-    func client(peer: Peer, forwarded: String?, forwardedFor: String?) -> String {
-        guard let peerBytes = peer.bytes, self.trusts(peerBytes) else { return peer.text }
-        let hops: [Substring]
-        if let forwarded {
-            hops = Self.forwardedFor(forwarded)
-        } else if let forwardedFor {
-            hops = forwardedFor.split(separator: ",").map { $0.trimmingOWS() }
-        } else {
-            return peer.text
-        }
+    /// The client of a request from `peer` (the connection's remote address, already described) whose
+    /// ``header`` has `value` (its lines joined with commas; nil when absent): the peer itself unless it is
+    /// trusted; then the nearest address in the header, read from the right, that is not itself a trusted proxy.
+    /// An entry that is not an address stops the walk at the last trusted hop.
+    func client(peer: Peer, forwarded value: String?) -> String {
+        guard let peerBytes = peer.bytes, self.trusts(peerBytes), let value else { return peer.text }
+        let hops: [Substring] =
+            switch self.header {
+            case .forwarded: Self.forwardedFor(value)
+            case .xForwardedFor: value.split(separator: ",").map { $0.trimmingOWS() }
+            }
         var client = peer.text
         for hop in hops.reversed() {
             let text = Self.stripPort(hop)
