@@ -182,9 +182,89 @@ struct DaemonAssembly {
         return ServiceGroup(configuration: groupConfiguration)
     }
 
-        let internalSockets = self.internalSockets
-        if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
-        if configuration.tls?.onInternal == true, !internalSockets.isEmpty { tls?.exportExpiry(listener: "internal") }
+    /// The public listener's sockets: those systemd passed (one per `ListenStream=` of metricsd.socket), else
+    /// `METRICSD_LISTEN`.
+    var publicSockets: [ListenerSocket] {
+        self.activation.publicSockets.isEmpty
+            ? [.bind(self.configuration.listen)]
+            : self.activation.publicSockets.map { .inherited(descriptor: $0, name: "public") }
+    }
+
+    /// The internal listener's sockets: those systemd passed (metricsd-internal.socket), else
+    /// `METRICSD_INTERNAL_LISTEN`; none without either.
+    var internalSockets: [ListenerSocket] {
+        if !self.activation.internalSockets.isEmpty {
+            return self.activation.internalSockets.map { .inherited(descriptor: $0, name: "internal") }
+        }
+        return self.configuration.internalListen.map { [.bind($0)] } ?? []
+    }
+
+    var timeouts: (request: TimeAmount, idle: TimeAmount, write: TimeAmount) {
+        (
+            .milliseconds(Int64(self.configuration.requestTimeoutSeconds * 1000)),
+            .milliseconds(Int64(self.configuration.idleTimeoutSeconds * 1000)),
+            .milliseconds(Int64(self.configuration.writeTimeoutSeconds * 1000))
+        )
+    }
+
+    /// The public listener's server. Once every socket accepts it opens the `listening` gate; once the scheduler
+    /// runs too, it reports READY with the addresses it serves.
+    func publicServer(
+        _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints, tls: TLSIdentity?, status: StatusBoard,
+        identity: Instances.Identity
+    ) -> HTTPServer {
+        let configuration = self.configuration
+        let (listening, started, ready, notifier, logger) = (
+            self.listening, self.schedulerStarted, self.ready, self.notifier, self.logger
+        )
+        let timeouts = self.timeouts
+        return buildAPIServer(
+            dependencies, endpoints: endpoints, sockets: self.publicSockets,
+            requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
+            tls: configuration.tls?.onPublic == true ? tls : nil,
+            connectionLimit: .init(listener: "public", maximum: configuration.maxConnections, setting: "METRICSD_MAX_CONNECTIONS"),
+            onServerRunning: { channels in
+                listening.open()
+                guard await started.wait() else { return }
+                let addresses = channels.compactMap(\.localAddress).map(Self.describe)
+                let address = addresses.isEmpty ? configuration.listen.description : addresses.joined(separator: ", ")
+                status.serving(on: address)
+                notifier.ready(status: status.line)
+                ready.open()
+                logger.info(
+                    "metricsd ready",
+                    metadata: [
+                        "metricsd.listen": "\(address)", "metricsd.formula.version": "\(configuration.formula.version)",
+                        "metricsd.instance": "\(identity.id)",
+                    ])
+            },
+            logger: self.logger)
+    }
+
+    /// The listeners' certificate: refused (expired, a weak key) with where it came from in the message; logged
+    /// with its expiry, and at warning level with what needs attention (expiring soon, not valid yet).
+    func tlsIdentity(_ settings: TLSSettings) throws(TLSIdentityError) -> TLSIdentity {
+        let identity: TLSIdentity
+        do {
+            identity = try TLSIdentity(certificate: settings.certificate, key: settings.key)
+        } catch {
+            throw error.from(settings.source)
+        }
+        Self.logCertificate(identity.certificate, source: settings.source, logger: self.logger)
+        return identity
+    }
+
+    /// "TLS certificate loaded" with its expiry, serial and key, then each warning about it.
+    static func logCertificate(_ certificate: TLSCertificateCheck, source: String, logger: Logger) {
+        let fields: Logger.Metadata = [
+            "metricsd.tls.valid_until": "\(TLSCertificateCheck.date(certificate.notValidAfter))",
+            "metricsd.tls.serial": "\(certificate.serial)", "metricsd.tls.key": "\(certificate.key)",
+            "metricsd.tls.source": "\(source)",
+        ]
+        logger.info("TLS certificate loaded", metadata: fields)
+        for warning in certificate.warnings {
+            logger.warning("TLS certificate needs attention", metadata: fields.merging(["metricsd.tls.problem": "\(warning)"]) { $1 })
+        }
     }
 
     /// The request log's own logger: the configured format, its level fixed at `info` (the request log has its
