@@ -39,6 +39,17 @@ extension ReadReplicas {
             startedAt: try result.requiredString(0, column + 2))
     }
 
+    /// Why the server on `server` does not follow the primary on `primary` (nil when it does), as the daemon
+    /// decides it: for `metricsd check-config`.
+    public static func mismatch(of server: PostgresConnection, primary: PostgresConnection, standbysOnly: Bool) throws -> String? {
+        let query = "SELECT pg_is_in_recovery(), \(Self.identityColumns)"
+        let observed = try server.query(query)
+        let reference = try primary.query(query)
+        return Self.mismatch(
+            observed: try Self.identity(observed, from: 1), inRecovery: try observed.bool(0, 0), standbysOnly: standbysOnly,
+            primary: try Self.identity(reference, from: 1))?.detail
+    }
+
     /// Why a server that is `observed` (in recovery or not) does not follow `primary`, or nil when it does (or the
     /// primary is not known yet: then no server can be shown to be fresh either).
     ///

@@ -77,6 +77,20 @@ import Testing
                     return status.contains("another cluster") && status.contains("not DATABASE_URL's")
                 }
                 #expect(listed != nil, "metricsd status does not say why:\n\(status)")
+                //    And check-config, which reaches each read server as the daemon does.
+                let check = try await Subprocess.capture(
+                    try DaemonProcess.binary(), ["check-config"],
+                    environment: [
+                        "DATABASE_URL": set.primaryURL, "METRICSD_READ_DATABASE_URL": readURL,
+                        "METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())",
+                        "METRICSD_JWT_SECRET_FILE": DaemonProcess.secrets.directory + "/jwt-secret",
+                        "METRICSD_ENV_FILE": "-/nonexistent", "METRICSD_CREDSTORE": "/nonexistent",
+                    ])
+                let said = check.stdout + check.stderr
+                #expect(check.status != 0, "check-config passed:\n\(said)")
+                #expect(said.contains("\(labels.other): not read from: another cluster"), "\(said)")
+                #expect(said.contains("\(labels.second): not read from: a primary that is not DATABASE_URL's"), "\(said)")
+                #expect(said.contains("\(labels.first): standby, schema current"), "\(said)")
                 daemon.signal(SIGTERM)
                 #expect(await daemon.waitForExit() == 0, "\(daemon.log.suffix(2000))")
             }
