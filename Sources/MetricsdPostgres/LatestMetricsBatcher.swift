@@ -149,10 +149,9 @@ package final class LatestMetricsBatcher: Service, Sendable {
     /// (nil: no deadline). No read waits longer, however long it queued for a runner or a connection: a database
     /// that does not answer costs each read its bound, not the sum of the waits before it.
     private func deadline(of waiters: [Waiter]) -> ContinuousClock.Instant? {
-        guard let bound = self.pool.settings.statementDeadlineSeconds, let first = waiters.map(\.asked).min() else {
-            return nil
-        }
-        return first + .nanoseconds(Int64(bound * 1e9))
+        guard let bound = self.pool.settings.statementDeadlineSeconds, let first = waiters.min(by: { $0.asked < $1.asked })
+        else { return nil }
+        return first.asked + .nanoseconds(Int64(bound * 1e9))
     }
 
     /// One statement for the waiters' users; resumes every waiter. On the primary, the batches that arrive

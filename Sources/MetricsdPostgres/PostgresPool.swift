@@ -161,10 +161,13 @@ public final class PostgresPool: Sendable {
     ) async throws -> T {
         let started = ContinuousClock.now
         let slot = try await self.acquire(deadline: deadline)
-        let transfer = UnsafeTransfer(slot)
+        let reusable = self.reusable(slot, fresh: fresh)
+        // The slot's old session (not reused) goes with the job, and is closed on the pool thread after it.
+        let transfer = UnsafeTransfer((slot, reusable))
         return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             let attempt = Attempt(continuation)
-            if let deadline {
+            // Only opening a connection can outlast the deadline (a statement has its own): no timer otherwise.
+            if let deadline, reusable == nil {
                 let budget = Self.seconds(deadline - started)
                 attempt.timer = self.eventLoop.scheduleTask(in: .nanoseconds(Self.nanoseconds(deadline - .now))) {
                     attempt.expire(
@@ -179,20 +182,22 @@ public final class PostgresPool: Sendable {
                     attempt.finish(.failure(PostgresError(code: .poolClosed, message: "the database pool is closed")))
                     return
                 }
-                self.work(transfer.value, fresh: fresh, deadline: deadline, attempt: attempt, body)
+                withExtendedLifetime(transfer.value.0) {
+                    self.work(reusing: transfer.value.1, deadline: deadline, attempt: attempt, body)
+                }
             }
         }
     }
 
-    /// The blocking part of a call, on a pool thread: the connection (reused, recycled or opened), then `body`
+    /// The blocking part of a call, on a pool thread: the connection (`reusing`, else a new one), then `body`
     /// unless the caller gave up meanwhile; the connection goes back to the pool before the caller is resumed.
     private func work<T: Sendable>(
-        _ slot: Slot, fresh: Bool, deadline: ContinuousClock.Instant?, attempt: Attempt<T>,
+        reusing reusable: PostgresConnection?, deadline: ContinuousClock.Instant?, attempt: Attempt<T>,
         _ body: (PostgresConnection) throws -> T
     ) {
         let connection: PostgresConnection
         do {
-            connection = try self.connection(for: slot, fresh: fresh)
+            connection = try reusable ?? PostgresConnection(settings: self.settings)
         } catch {
             self.release(nil)
             self.count(error)
@@ -216,17 +221,16 @@ public final class PostgresPool: Sendable {
         attempt.finish(result)
     }
 
-    /// The slot's connection, unless `fresh` or past its maximum age; else a new one.
-    private func connection(for slot: Slot, fresh: Bool) throws -> PostgresConnection {
-        if case .connection(let existing) = slot, !fresh {
-            guard let maxSessionAge = self.configuration.maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge
-            else { return existing }
-            // Closed when its last reference goes, after the new session is open.
-            self.logger.debug(
-                "Recycling a database session older than its maximum age",
-                metadata: ["metricsd.db_session_max_age_s": "\(maxSessionAge.components.seconds)"])
-        }
-        return try PostgresConnection(settings: self.settings)
+    /// The slot's connection when it serves as it is: not `fresh`, not past its maximum age; nil: open a new one.
+    private func reusable(_ slot: Slot, fresh: Bool) -> PostgresConnection? {
+        guard case .connection(let existing) = slot, !fresh else { return nil }
+        guard let maxSessionAge = self.configuration.maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge
+        else { return existing }
+        // Closed when its last reference goes, after the new session is open.
+        self.logger.debug(
+            "Recycling a database session older than its maximum age",
+            metadata: ["metricsd.db_session_max_age_s": "\(maxSessionAge.components.seconds)"])
+        return nil
     }
 
     /// Records a failed call in `metricsd_db_errors_total`; a lost connection also closes the idle ones.
