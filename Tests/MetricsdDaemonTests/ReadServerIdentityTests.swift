@@ -49,19 +49,20 @@ import Testing
                 #expect(otherReads == 0, "\(otherReads) reads showed the other cluster's rows")
                 #expect(otherProblem == 1, "metricsd_read_server_problem{reason=\"other_cluster\"}: \(otherProblem.map { "\($0)" } ?? "absent")")
 
-                // 2. A standby promoted by mistake, given wrong rows and a higher position: left within the bound.
+                // 2. A standby promoted by mistake: left within the bound; then given wrong rows and a higher
+                //    position, it is not read from.
                 try await second.run("promote", second.directory)
                 let promoted = ContinuousClock.now
-                _ = try await second.value("UPDATE profile_metrics SET bmi = \(Self.wrongBMI)")
-                try await Self.advanceWAL(of: second, past: set.primary)
                 let left = await Fault.waitUntil(timeout: .seconds(20), poll: .milliseconds(50)) {
                     try await !StandbyReadTests.usable(daemon, labels.second)
                 }
                 let leftSeconds = try #require(left.map { ($0 - promoted).faultSeconds }, "the promoted standby is still used:\n\(daemon.log.suffix(3000))")
+                _ = try await second.value("UPDATE profile_metrics SET bmi = \(Self.wrongBMI)")
+                try await Self.advanceWAL(of: second, past: set.primary)
                 let promotedUsed = await Self.everUsable(daemon, labels.second, for: .seconds(4))
                 let promotedReads = try await Self.wrongReads(daemon, users: users, count: 60)
                 let promotedProblem = try await Self.problem(daemon, labels.second, "other_primary")
-                print("identity-promoted: a standby promoted by mistake left \(Fault.format(leftSeconds)) s after its promotion (bound \(Int(Self.bound)) s; it was given wrong rows and a higher position meanwhile); used again in the next 4 s: \(promotedUsed); reads showing its rows: \(promotedReads) of 60")
+                print("identity-promoted: a standby promoted by mistake left \(Fault.format(leftSeconds)) s after its promotion (bound \(Int(Self.bound)) s); given wrong rows and a higher position then, used again in the next 4 s: \(promotedUsed); reads showing its rows: \(promotedReads) of 60")
                 #expect(leftSeconds <= Self.bound + 1, "left \(leftSeconds) s after the promotion")
                 #expect(!promotedUsed, "the promoted standby was used again")
                 #expect(promotedReads == 0, "\(promotedReads) reads showed the promoted standby's rows")

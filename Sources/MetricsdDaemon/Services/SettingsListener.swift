@@ -14,8 +14,9 @@ import ServiceLifecycle
 /// A LISTEN connection only reads, so a server that stops answering (stopped processes, a frozen VM, a middlebox
 /// that dropped the connection's state) is never noticed by itself: TCP keepalives are answered by the kernel, and
 /// nothing is ever sent whose acknowledgement could time out. So after ``checkInterval`` without a notification the
-/// listener asks the server whether the session still listens on both channels, with at most ``checkDeadline`` to
-/// answer; a session that does not answer is dropped and the listener reconnects (and sweeps what it missed).
+/// listener asks the server whether the session still listens on both channels, with at most
+/// ``checkDeadlineSeconds`` to answer; a session that does not answer is dropped and the listener reconnects (and
+/// sweeps what it missed).
 package struct SettingsListener: Service {
     /// Silence after which the LISTEN session is checked.
     static let checkInterval = Duration.seconds(5)
