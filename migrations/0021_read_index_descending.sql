@@ -21,8 +21,9 @@
 --      partition has its part. SHARE on the parent for a moment: writes through profile_metrics wait, reads go on.
 --   3. For each partition without its part: CREATE INDEX CONCURRENTLY (SHARE UPDATE EXCLUSIVE on that partition:
 --      its reads and writes go on; it waits for the transactions running when it starts, and reads the partition
---      twice), then ALTER INDEX … ATTACH PARTITION (a moment). An index an interrupted build left invalid is
---      dropped first (DROP INDEX CONCURRENTLY).
+--      twice), then ALTER INDEX … ATTACH PARTITION (a moment: ACCESS EXCLUSIVE on the new part, which a query
+--      planned on that partition opens, SHARE UPDATE EXCLUSIVE on the partitioned index). An index an
+--      interrupted build left invalid is dropped first (DROP INDEX CONCURRENTLY).
 --   4. DROP INDEX of the old ascending index, once the new one is valid: ACCESS EXCLUSIVE on profile_metrics and
 --      every partition for a moment (a partitioned index cannot be dropped concurrently), so it gives up after
 --      two seconds when another session is in the way and is tried again, never queueing every reader behind it.
