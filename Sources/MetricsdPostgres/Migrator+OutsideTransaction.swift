@@ -17,10 +17,15 @@ extension Migrator {
 
     /// Runs a migration marked ``Migration/outsideTransactionMarker``: its statements one by one, each committed on
     /// its own, and those a `\gexec` query returns in their turn. `beforeStatement` runs before each (systemd's
-    /// start-up timeout is extended per statement).
+    /// start-up timeout is extended per statement). The session's own lock and statement timeouts (from the role's
+    /// or the database's settings) are off meanwhile: a `CREATE INDEX CONCURRENTLY` given up half-way leaves an
+    /// invalid index behind, and on a large table it may take longer than any such timeout. A statement that must
+    /// not wait long sets its own `lock_timeout`.
     func applyStatementByStatement(
         _ migration: Migration, on connection: PostgresConnection, logger: Logger, beforeStatement: () -> Void
     ) throws {
+        try connection.execute("SET lock_timeout = 0; SET statement_timeout = 0")
+        defer { _ = try? connection.execute("RESET lock_timeout; RESET statement_timeout") }
         for step in MigrationScript.steps(of: migration.sql) {
             beforeStatement()
             let result = try self.run(step.sql, of: migration, on: connection, logger: logger)

@@ -1,4 +1,5 @@
 import HealthMetrics
+import ServiceLifecycle
 
 extension WorkQueue {
     // MARK: Settings changes
@@ -10,26 +11,32 @@ extension WorkQueue {
     /// One statement per user: a statement refreshing several users' rows held one user's row while it waited for
     /// another's, and a transaction changing the same rows in another order (an operator's bulk delete, another
     /// instance's daily batch) then waited for the first: a deadlock. A statement on one user's rows holds none
-    /// of another user's.
+    /// of another user's. A stopping daemon stops between users (a sweep after an outage may hold thousands):
+    /// those left are still stale, and the next sweep finds them.
     /// - Returns: rows written.
     @discardableResult
     public func refreshUsers(_ ids: [Int64], now: Timestamp? = nil) async throws -> Int {
         guard !ids.isEmpty else { return 0 }
         let formula = self.formula
         let literal = "{" + ids.map(String.init).joined(separator: ",") + "}"
-        return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        let rows = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection -> [UserRow] in
             let newer = try connection.prepared(
                 "newer_schema", "SELECT \(SQL.newerSchema("$1"))", [Self.newestMigration])
-            if try newer.bool(0, 0) { return 0 }
-            let rows = try UserRow.decode(
+            if try newer.bool(0, 0) { return [] }
+            return try UserRow.decode(
                 connection.prepared("read_users_by_id", SQL.readUsersByID, [now?.iso8601, nil, literal]))
-            return try rows.reduce(0) { written, row in
-                written + (try BatchWriter.write(
+        }
+        var written = 0
+        for row in rows {
+            if Task.isCancelled || Task.isShuttingDownGracefully { break }
+            written += try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                try BatchWriter.write(
                     EvaluatedBatch([row], formula: formula), conflict: .refreshIfStale, source: "settings", now: now,
                     formula: formula, on: connection
-                ).written)
+                ).written
             }
         }
+        return written
     }
 
     /// Users whose settings changed after `since - overlapMinutes` and who have neither metrics nor a skip

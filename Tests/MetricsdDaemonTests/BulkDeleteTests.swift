@@ -36,6 +36,7 @@ import Testing
             try #require(await Self.unitsDone(database), "the first units:\n\(a.log.suffix(2000))")
 
             let load = Load()
+            defer { load.stop() }  // the loops end (and let go of the daemons) however the test ends
             let reads = Task { await Self.read(from: [a, b], until: load) }
             let settings = Task { await Self.changeSettings(database, until: load) }
             var failures: [String] = []

@@ -8,8 +8,8 @@ import Testing
 
 /// Migrations marked `-- metricsd:no-transaction`: run statement by statement (what PostgreSQL refuses in a
 /// transaction, such as CREATE INDEX CONCURRENTLY, works), recorded only once complete, finished by the next run
-/// when stopped half-way, a statement that gave up waiting for a lock tried again, and two instances migrating at
-/// once take turns without a deadlock.
+/// when stopped half-way, a statement that gave up waiting for a lock tried again, the database's own lock timeout
+/// kept away from them, and two instances migrating at once take turns without a deadlock.
 @Suite struct OutsideTransactionMigrationTests {
     static let table = Migration(
         name: "0001_table.sql",
@@ -94,7 +94,25 @@ import Testing
         try await Task.sleep(for: .seconds(1))
         try holder.execute("COMMIT")
         #expect(try await migration.value == ["0002_column.sql"])
-        #expect(try await FaultDatabase(url: url).value("SELECT count(*) FROM information_schema.columns WHERE table_name = 't' AND column_name = 'd'") == "1")
+        let added = "SELECT count(*) FROM information_schema.columns WHERE table_name = 't' AND column_name = 'd'"
+        #expect(try await FaultDatabase(url: url).value(added) == "1")
+    }
+
+    /// A lock timeout set for the whole database (`ALTER DATABASE … SET lock_timeout`) does not reach the
+    /// migration's statements: a build that waits for a writer longer than that is not given up half-way, which
+    /// would leave an invalid index that `IF NOT EXISTS` then takes for done.
+    @Test func theDatabasesOwnLockTimeoutDoesNotCutABuildShort() async throws {
+        let (name, url) = try await MigrationTests.freshDatabase()
+        defer { Task { await MigrationTests.drop(name) } }
+        _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: [Self.table]))
+        try await FaultDatabase(url: url).execute("ALTER DATABASE \(name) SET lock_timeout = '50ms'")
+        let writer = try PostgresConnection(settings: try ConnectionSettings(conninfo: url, environment: [:]))
+        try writer.execute("BEGIN; UPDATE t SET b = b WHERE a = 1;")
+        let migration = Task { try await MigrationTests.migrate(url, migrator: Migrator(migrations: [Self.table, Self.indexes])) }
+        try await Task.sleep(for: .milliseconds(600))
+        try writer.execute("COMMIT")
+        #expect(try await migration.value == ["0002_indexes.sql"])
+        #expect(try await Self.validIndexes(url) == "t_a_idx,t_b_idx,t_c_idx")
     }
 
     /// Instance A builds an index concurrently, which waits first for a writer's transaction; instance B starts

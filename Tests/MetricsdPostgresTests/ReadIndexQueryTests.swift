@@ -152,7 +152,8 @@ import Testing
                     sql = "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) "
                         + "SELECT id, 23.0, 1600, 2100, \(version), current_date, now() FROM users WHERE id % 3 <> \(step % 3)"
                 case 6:
-                    sql = "UPDATE profile_metrics SET computed_at = computed_at - interval '1 day' WHERE user_id % 7 = \(user % 7) AND version = \(version)"
+                    sql = "UPDATE profile_metrics SET computed_at = computed_at - interval '1 day' "
+                        + "WHERE user_id % 7 = \(user % 7) AND version = \(version)"
                 default:
                     sql = "UPDATE profile_metrics SET bmr = bmr + 1 WHERE user_id = \(user)"
                 }

@@ -110,7 +110,10 @@ import Testing
         }
         let waiting = await DaemonProcess.eventually(timeout: .seconds(20)) {
             (try? await database.int(
-                "SELECT pg_cancel_backend(pid)::int FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                """
+                SELECT pg_cancel_backend(pid)::int FROM pg_stat_activity
+                WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'
+                """))
                 == 1
         }
         #expect(waiting)
