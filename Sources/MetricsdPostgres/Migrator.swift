@@ -15,7 +15,7 @@ public struct Migration: Sendable, Hashable {
     public static let outsideTransactionMarker = "-- metricsd:no-transaction"
 
     /// Whether the file has ``outsideTransactionMarker`` as a line of its own: its statements run one by one, each
-    /// committed on its own (``MigrationScript``), for what PostgreSQL refuses inside a transaction, such as
+    /// committed on its own (`MigrationScript`), for what PostgreSQL refuses inside a transaction, such as
     /// `CREATE INDEX CONCURRENTLY`.
     public var runsOutsideTransaction: Bool {
         self.sql.split(whereSeparator: \.isNewline).contains { line in
@@ -45,7 +45,7 @@ public struct SchemaStatus: Sendable, Equatable {
 /// applied stops everything with an error naming it.
 ///
 /// A migration marked ``Migration/outsideTransactionMarker`` runs statement by statement instead, each committed
-/// on its own (``MigrationScript`` says how the file is split): for `CREATE INDEX CONCURRENTLY` and the like, which
+/// on its own (`MigrationScript` says how the file is split): for `CREATE INDEX CONCURRENTLY` and the like, which
 /// PostgreSQL refuses inside a transaction, on tables that must stay writable while they run. It is recorded only
 /// after its last statement, so a run that stops half-way (a crash, a failed statement) starts it again from its
 /// first statement next time: each statement must find what an earlier run already did and leave it (`IF NOT
