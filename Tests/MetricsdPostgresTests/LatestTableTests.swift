@@ -149,7 +149,10 @@ import Testing
             var waiting = false
             for _ in 0..<100 where !waiting {
                 waiting = try await database.value(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM profile_metrics%'")
+                    """
+                    SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM profile_metrics%'
+                    """)
                     == "1"
                 if !waiting { try await Task.sleep(for: .milliseconds(50)) }
             }
