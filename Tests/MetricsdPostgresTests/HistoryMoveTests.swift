@@ -14,8 +14,7 @@ import Testing
     static let users = 60
     static let days = 730
 
-    /// Today at UTC, as the database's clock has it (the seeded history ends the day before).
-    static let today = "(now() AT TIME ZONE 'UTC')::date"
+    static let today = TestDatabase.today
 
     /// Every row of dates before `$1`, with every column, in id order: count and digest.
     static let rowSet = """
@@ -38,23 +37,8 @@ import Testing
                                       HAVING count(*) > 1) d)
         """
 
-    /// The schema of the release before 0017 with `users` users and `days` days of history each, ending yesterday,
-    /// written day by day as the daily units wrote them; every other user acknowledged their newest row.
     static func upgradedInstall(users: Int = Self.users, days: Int = Self.days) async throws -> TestDatabase {
-        let database = try await TestDatabase.create(migrations: Migration.all.filter { $0.name < "0017" })
-        try await database.seed((1...Int64(users)).map { SeedUser.valid($0) })
-        try await database.execute(
-            """
-            INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
-            SELECT u, 20 + (d % 7), 1500 + d % 50, 2000 + u, 1, \(Self.today) - d,
-                   (\(Self.today) - d)::timestamp AT TIME ZONE 'UTC' + interval '5 minutes' + u * interval '1 second'
-            FROM generate_series(1, \(days)) d CROSS JOIN generate_series(1, \(users)) u ORDER BY d DESC, u;
-            INSERT INTO metrics_acknowledgements (user_id, version, metrics_computed_at, acknowledged_at)
-            SELECT user_id, version, computed_at, computed_at + interval '1 hour' FROM profile_metrics_latest
-            WHERE user_id % 2 = 0;
-            ANALYZE profile_metrics
-            """)
-        return database
+        try await TestDatabase.upgradedInstall(users: users, days: days)
     }
 
     /// The old partition closes after its newest date (yesterday): today's rows go into a partition from today to
