@@ -175,8 +175,7 @@ struct StatusReport {
             return "history move: every month copied from \(move.source)\(paused); indexes built for "
                 + "\(move.monthsReady) of \(move.months) months, \(move.logEntries) writes to replay; started \(move.createdAt)"
         case .swapped:
-            return "history move: the \(move.months) months are attached in place of \(move.source)\(self.swapLock), "
-                + "which is being dropped"
+            return "history move: dropping \(move.source), the \(move.months) months attached in its place\(self.swapLock)"
         case .done:
             return "history: moved into monthly partitions (\(move.rowsCopied) rows of \(move.source) in \(move.months) "
                 + "months, \(move.createdAt) to \(move.finishedAt.map { "\($0)" } ?? "-")\(self.swapLock))"

@@ -1,4 +1,5 @@
 import HealthMetrics
+import Synchronization
 
 extension WorkQueue {
     // MARK: Moving the old partition's history into monthly partitions
@@ -24,6 +25,28 @@ extension WorkQueue {
         case finished
     }
 
+    /// Stops a long step in hand: a month's index build, its foreign key's validation or its vacuum, which can take
+    /// minutes on a large month, is cancelled on the server (the month is indexed again later; an index left
+    /// invalid is dropped first), and no further statement of the step starts. For a graceful stop.
+    public final class HistoryMoveInterrupt: Sendable {
+        private let canceller = Mutex<StatementCanceller?>(nil)
+        private let interrupted = Atomic<Bool>(false)
+
+        public init() {}
+
+        var isInterrupted: Bool { self.interrupted.load(ordering: .acquiring) }
+
+        func running(_ canceller: StatementCanceller?) {
+            self.canceller.withLock { $0 = canceller }
+        }
+
+        /// Blocking (the cancel request is a connection of its own): call it off the cooperative pool.
+        public func interrupt() {
+            self.interrupted.store(true, ordering: .releasing)
+            self.canceller.withLock { $0 }?.cancelStatement()
+        }
+    }
+
     /// The move's advisory lock ('metr', 'move'): copy, replay and swap take it per transaction, the index step per
     /// session.
     static let historyMoveLock = (1_835_365_490, 1_836_021_349)
@@ -32,7 +55,9 @@ extension WorkQueue {
     /// a batch of `batchRows` rows copied (after the logged writes replayed), one month's indexes built, the logged
     /// writes caught up, the swap, or the old partition dropped. Safe on every instance at once: a step another
     /// instance holds the lock of returns `.busy`. Every lock is taken with a timeout (100-200 ms).
-    public func moveHistory(batchRows: Int = 10_000) async throws -> HistoryMoveStep {
+    public func moveHistory(batchRows: Int = 10_000, interrupt: HistoryMoveInterrupt? = nil) async throws
+        -> HistoryMoveStep
+    {
         let state = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             try connection.query("SELECT state FROM history_move").string(0, 0)
         }
@@ -51,7 +76,7 @@ extension WorkQueue {
             }
             if replayed < 0 { return .busy }
             if replayed >= 1000 { return .caughtUp(replayed: Int(replayed)) }
-            if let partition = next { return try await self.indexMonth(partition) }
+            if let partition = next { return try await self.indexMonth(partition, interrupt: interrupt) }
             return try await self.swap()
         case "swapped": return try await self.dropOldPartition()
         default: return .idle
@@ -96,7 +121,7 @@ extension WorkQueue {
     /// lock that blocks no reader or writer) and its statistics; then it is marked ready. Each part is skipped when
     /// already there, and an index a crash left invalid is dropped and built again. Under the move's session lock,
     /// one instance at a time; no statement deadline (a month's index takes as long as its rows need).
-    private func indexMonth(_ partition: String) async throws -> HistoryMoveStep {
+    private func indexMonth(_ partition: String, interrupt: HistoryMoveInterrupt?) async throws -> HistoryMoveStep {
         guard partition.utf8.allSatisfy({ ($0 >= 0x61 && $0 <= 0x7a) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5f }) else {
             throw PostgresError(code: .unexpectedResult, message: "history_move_months names the table \(partition)")
         }
@@ -107,15 +132,24 @@ extension WorkQueue {
             defer { connection.statementDeadlineSeconds = deadline }
             guard try connection.query("SELECT pg_try_advisory_lock(\(key1), \(key2))").bool(0, 0) else { return .busy }
             defer { _ = try? connection.query("SELECT pg_advisory_unlock(\(key1), \(key2))") }
+            interrupt?.running(connection.makeCanceller())
+            defer { interrupt?.running(nil) }
+            // One of the step's statements, unless the step was interrupted.
+            func run(_ sql: String) throws {
+                if interrupt?.isInterrupted == true {
+                    throw PostgresError(code: .queryFailed, message: "the history move was stopped", sqlState: "57014")
+                }
+                try connection.execute(sql)
+            }
             let invalid = try connection.query(
                 "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = $1::regclass AND NOT indisvalid",
                 [partition])
             for row in 0..<invalid.rowCount {
-                try connection.execute("DROP INDEX CONCURRENTLY IF EXISTS \(try invalid.requiredString(row, 0))")
+                try run("DROP INDEX CONCURRENTLY IF EXISTS \(try invalid.requiredString(row, 0))")
             }
-            try connection.execute(
+            try run(
                 "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_date_version_user_key ON \(partition) (metrics_date, version, user_id)")
-            try connection.execute(
+            try run(
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_user_computed_at_idx ON \(partition) (user_id, computed_at)")
             let key = try connection.query(
                 "SELECT convalidated FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'f'", [partition])
@@ -132,9 +166,9 @@ extension WorkQueue {
             }
             let validated = key.rowCount == 1 ? try key.bool(0, 0) : false
             if !validated {
-                try connection.execute("ALTER TABLE \(partition) VALIDATE CONSTRAINT \(partition)_user_id_fkey")
+                try run("ALTER TABLE \(partition) VALIDATE CONSTRAINT \(partition)_user_id_fkey")
             }
-            try connection.execute("VACUUM (ANALYZE) \(partition)")
+            try run("VACUUM (ANALYZE) \(partition)")
             try connection.query("UPDATE history_move_months SET ready = true WHERE partition = $1", [partition])
             return .indexed(partition: partition)
         }

@@ -195,6 +195,42 @@ import Testing
         }
     }
 
+    /// A stop while the history move builds a month's index (here waiting on a transaction that holds the month's
+    /// table) does not wait for the build: the build is cancelled on the server and the daemon exits at once,
+    /// cleanly; the month is indexed later.
+    @Test func aStopDoesNotWaitForTheHistoryMovesIndexBuild() async throws {
+        try await withCleanup(try await TestDatabase.upgradedInstall(users: 20, days: 40), cleanup: { await $0.drop() }) { database in
+            _ = try await database.migrate()
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "test", logger: database.logger)
+            while try await database.value("SELECT state FROM history_move") == "copying" {
+                _ = try await queue.moveHistory(batchRows: 1000)
+            }
+            let month = try #require(try await database.value("SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
+            let blocker = PostgresPool(
+                settings: try ConnectionSettings(conninfo: database.url, environment: [:]), configuration: .init(size: 1),
+                logger: database.logger)
+            try await blocker.withConnection { try $0.execute("BEGIN; LOCK TABLE \(month) IN ROW EXCLUSIVE MODE") }
+            let port = DaemonProcess.freePort()
+            let daemon = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: port), port: port)
+            try await daemon.waitUntilReady()
+            let building = await DaemonProcess.eventually(timeout: .seconds(20)) {
+                (try? await database.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                    == "1"
+            }
+            #expect(building, "\(daemon.log.suffix(2000))")
+            let stopped = ContinuousClock.now
+            daemon.signal(SIGTERM)
+            #expect(await daemon.waitForExit(timeout: .seconds(15)) == 0, "\(daemon.log.suffix(2000))")
+            #expect(ContinuousClock.now - stopped < .seconds(10))
+            #expect(!daemon.log.contains("History move step failed"), "\(daemon.log.suffix(2000))")
+            try await blocker.withConnection { try $0.execute("ROLLBACK") }
+            await blocker.close()
+            #expect(try await database.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE %INDEX CONCURRENTLY%' AND state = 'active'") == "0")
+        }
+    }
+
     @Test func metricsFollowTheWork() async throws {
         try await withTestDatabase { database in
             var users = (1...300).map { SeedUser.valid(Int64($0), timezone: "UTC") }

@@ -215,6 +215,48 @@ import Testing
         }
     }
 
+    /// A month's index build that waits (here on a transaction holding its table) stops at once when the step is
+    /// interrupted, as on a graceful stop; the index it leaves invalid is dropped and built again by the next step,
+    /// and the move ends with every key valid.
+    @Test func anInterruptedIndexBuildIsDoneAgain() async throws {
+        try await withCleanup(try await Self.upgradedInstall(users: 20, days: 40), cleanup: { await $0.drop() }) { database in
+            _ = try await database.migrate()
+            let queue = WorkQueueTests.queue(database)
+            while try await database.value("SELECT state FROM history_move") == "copying" {
+                _ = try await queue.moveHistory(batchRows: 1000)
+            }
+            let month = try #require(try await database.value(
+                "SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
+            let blocker = try Self.instance(database, owner: "blocker")
+            defer { Task { await blocker.pool.close() } }
+            try await blocker.pool.withConnection { try $0.execute("BEGIN; LOCK TABLE \(month) IN ROW EXCLUSIVE MODE") }
+
+            let interrupt = WorkQueue.HistoryMoveInterrupt()
+            async let step: Result<WorkQueue.HistoryMoveStep, any Error> = {
+                do { return .success(try await queue.moveHistory(batchRows: 1000, interrupt: interrupt)) } catch { return .failure(error) }
+            }()
+            let waiting = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                (try? await database.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                    == "1"
+            }
+            #expect(waiting, "the index build waits for the transaction")
+            let started = ContinuousClock.now
+            try await blocker.pool.runBlocking { interrupt.interrupt() }
+            guard case .failure(let error as PostgresError) = await step else {
+                Issue.record("the step is cancelled")
+                return
+            }
+            #expect(error.sqlState == "57014", "\(error)")
+            #expect(ContinuousClock.now - started < .seconds(5))
+            #expect(try await database.value("SELECT count(*) FROM pg_index WHERE indrelid = '\(month)'::regclass AND NOT indisvalid") == "1")
+            try await blocker.pool.withConnection { try $0.execute("ROLLBACK") }
+
+            #expect(try await Self.moveToTheEnd(queue, batchRows: 1000).last == .finished)
+            try await Self.expectKeysInPlace(database)
+        }
+    }
+
     // MARK: Helpers
 
     /// Every index valid, and every partition's key and foreign key parts of profile_metrics' own (attached, so
@@ -233,7 +275,7 @@ import Testing
                 """
                 INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
                 SELECT user_id, bmi, bmr, tdee, version, metrics_date, computed_at FROM profile_metrics
-                WHERE metrics_date = \(Self.today) - 300 LIMIT 1
+                WHERE metrics_date = (SELECT min(metrics_date) FROM profile_metrics) LIMIT 1
                 """)
         }
     }

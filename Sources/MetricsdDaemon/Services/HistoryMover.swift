@@ -42,7 +42,7 @@ package struct HistoryMover: Service {
                     await self.sleep(self.configuration.busyPause)
                     continue
                 }
-                let step = try await self.queue.moveHistory(batchRows: self.configuration.batchRows)
+                let step = try await self.step()
                 failures = 0
                 if step == .idle { return }
                 if !announced {
@@ -60,11 +60,32 @@ package struct HistoryMover: Service {
                 default: pause = .zero
                 }
             } catch {
+                if Task.isShuttingDownGracefully { return }  // the step in hand was interrupted
                 failures += 1
                 self.logger.warning("History move step failed; retrying", metadata: .errorFields(error))
                 pause = .milliseconds(min(60_000, 500 << min(failures, 7)))
             }
             await self.sleep(pause)
+        }
+    }
+
+    /// The next step of the move; a graceful stop interrupts a long one (a month's index build), so that a stop
+    /// never waits for it.
+    private func step() async throws -> WorkQueue.HistoryMoveStep {
+        let interrupt = WorkQueue.HistoryMoveInterrupt()
+        let (queue, batchRows) = (self.queue, self.configuration.batchRows)
+        return try await withThrowingTaskGroup(of: WorkQueue.HistoryMoveStep?.self) { group in
+            group.addTask { try await queue.moveHistory(batchRows: batchRows, interrupt: interrupt) }
+            group.addTask {
+                try await gracefulShutdown()
+                try await queue.pool.runBlocking { interrupt.interrupt() }
+                return nil
+            }
+            defer { group.cancelAll() }
+            while let result = try await group.next() {
+                if let step = result { return step }
+            }
+            throw CancellationError()
         }
     }
 
