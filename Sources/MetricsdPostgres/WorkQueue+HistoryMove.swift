@@ -67,8 +67,9 @@ extension WorkQueue {
             // The log first: a month's foreign key is validated against the rows it holds, which must not include
             // those of a user deleted since.
             let (replayed, next) = try await self.pool.withConnection { connection in
-                let replayed = try connection.query("SELECT metricsd_history_move_catch_up($1)", [String(batchRows)])
-                    .int(0, 0)
+                let replayed = try Self.readCommitted(connection) { connection in
+                    try connection.query("SELECT metricsd_history_move_catch_up($1)", [String(batchRows)]).int(0, 0)
+                }
                 let next = try connection.query(
                     "SELECT partition FROM history_move_months WHERE NOT ready ORDER BY month LIMIT 1"
                 ).string(0, 0)
@@ -85,7 +86,9 @@ extension WorkQueue {
 
     private func copyHistory(batchRows: Int) async throws -> HistoryMoveStep {
         try await self.pool.withConnection { connection in
-            let result = try connection.query("SELECT * FROM metricsd_history_move_copy($1)", [String(batchRows)])
+            let result = try Self.readCommitted(connection) { connection in
+                try connection.query("SELECT * FROM metricsd_history_move_copy($1)", [String(batchRows)])
+            }
             guard result.rowCount == 1 else { return .busy }  // the state moved on meanwhile
             let partition = result.string(0, 0)
             let rows = Int(try result.int(0, 1))
@@ -101,7 +104,24 @@ extension WorkQueue {
     /// (a longer log would hold them longer).
     private func swap() async throws -> HistoryMoveStep {
         try await self.pool.withConnection { connection in
-            try connection.query("SELECT metricsd_history_move_swap(1000)").bool(0, 0) ? .swapped : .busy
+            try Self.readCommitted(connection) { connection in
+                try connection.query("SELECT metricsd_history_move_swap(1000)").bool(0, 0)
+            } ? .swapped : .busy
+        }
+    }
+
+    /// `body` in a READ COMMITTED transaction, whatever the server's default: the replay must see every log entry
+    /// committed before each of its statements (the swap's last one, after its lock), which one snapshot for the
+    /// whole transaction would not.
+    static func readCommitted<T>(_ connection: PostgresConnection, _ body: (PostgresConnection) throws -> T) throws -> T {
+        try connection.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        do {
+            let value = try body(connection)
+            try connection.execute("COMMIT")
+            return value
+        } catch {
+            if connection.isHealthy { try? connection.execute("ROLLBACK") }
+            throw error
         }
     }
 
