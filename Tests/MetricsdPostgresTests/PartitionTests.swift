@@ -18,7 +18,8 @@ import Testing
         """
 
     /// A history written before the migrations: the table becomes the partition of every date before the month
-    /// after next (the bound 0013 sets and 0014 proves), with its rows, file, ids, indexes and foreign key; the
+    /// after next (the bound 0013 sets and 0014 proves), then of every date up to its newest (0017 to 0019), with
+    /// its rows, file, ids, indexes and foreign key; the
     /// identity goes on after its last id; the months after it have partitions two months ahead; the latest table
     /// is kept as it was and kept up to date afterwards.
     @Test func theMigrationKeepsAnExistingHistoryInPlace() async throws {
@@ -41,16 +42,17 @@ import Testing
         let keptBefore = try await database.value(LatestTableTests.kept)
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0013" }.map(\.name))
 
-        // The same rows, in the same file (attached, not copied), as the partition of every older date.
-        let month = try #require(try await database.value(
-            "SELECT to_char(date_trunc('month', (now() AT TIME ZONE 'Pacific/Kiritimati')::date) + interval '2 months', 'YYYY_MM')"))
-        let old = "profile_metrics_until_\(month)"
+        // The same rows, in the same file (attached, not copied), as the partition of every older date: closed
+        // after the newest one (today) by 0017 to 0019, which found it bound at the month after next.
+        let closedAt = try #require(try await database.value("SELECT ((now() AT TIME ZONE 'UTC')::date + 1)::text"))
+        let old = try #require(try await database.value(
+            "SELECT replace(metricsd_partition_name('\(closedAt)'), 'profile_metrics_', 'profile_metrics_until_')"))
         let (count, lastID, bmr, filenode) = try Self.four(before)
         #expect(try await database.value(
             "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('\(old)') FROM profile_metrics")
             == "\(count) \(lastID) \(bmr) \(filenode)")
         let bounds = try #require(try await database.value(Self.partitions)).split(separator: "\n").map(String.init)
-        #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(month.replacingOccurrences(of: "_", with: "-"))-01')"), "\(bounds)")
+        #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(closedAt)')"), "\(bounds)")
         #expect(bounds.contains("profile_metrics_default DEFAULT"), "\(bounds)")
         #expect(try await database.value(
             """
@@ -59,8 +61,8 @@ import Testing
             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
             """) == "t", "the partitions reach two months ahead: \(bounds)")
         #expect(try await database.value(
-            "SELECT count(*) FROM pg_constraint WHERE conname = 'profile_metrics_dates_before_partitions'") == "0",
-                "the bound's constraint, which the partition's range replaces, is gone")
+            "SELECT count(*) FROM pg_constraint WHERE conname IN ('profile_metrics_dates_before_partitions', 'profile_metrics_dates_before_bound')") == "0",
+                "the bounds' constraints, which the partition's range replaces, are gone")
         // Its indexes are the partitioned indexes' parts, valid; nothing is left unattached.
         #expect(try await database.value(
             """
