@@ -35,6 +35,15 @@ import Testing
         }
     }
 
+    /// The lateness histogram's label: the zone's UTC offset at the due instant, signed, hours and minutes.
+    @Test(arguments: [
+        (0, "+00:00"), (20_700, "+05:45"), (-12_600, "-03:30"), (50_400, "+14:00"), (-43_200, "-12:00"),
+        (45_900, "+12:45"), (-1_800, "-00:30"),
+    ])
+    func utcOffsetLabels(seconds: Int, label: String) {
+        #expect(OperatorMetrics.utcOffsetLabel(seconds) == label)
+    }
+
     @Test func aNameMissingFromTheCatalogueIsReported() {
         let registry = PrometheusCollectorRegistry()
         CoreMetrics.Counter(label: "metricsd_not_documented_total", factory: DocumentedMetricsFactory(registry: registry)).increment()
