@@ -124,4 +124,8 @@ FROM (VALUES
 
 SELECT setval(pg_get_serial_sequence('users', 'id'), max(id)) FROM users;
 
+-- Onboarded a day ago, like an install's existing users: the daily units compute them, and the settings sweep
+-- (which looks only at recent changes) leaves them alone, also when the demo starts again with new formulas.
+UPDATE user_settings SET updated_at = now() - interval '1 day';
+
 COMMIT;
