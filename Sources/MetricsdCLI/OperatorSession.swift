@@ -1,3 +1,5 @@
+import MetricsdConfiguration
+import MetricsdWork
 import MetricsdDaemon
 import MetricsdHTTP
 #if canImport(FoundationEssentials)

@@ -28,7 +28,7 @@ import Testing
 
     @Test func everySeriesHasHelpAndType() throws {
         let text = Self.exposition()
-        #expect(OperabilityTests.undocumentedFamilies(text) == [])
+        #expect(PrometheusScrape.undocumentedFamilies(text) == [])
         for entry in MetricCatalog.entries {
             #expect(text.contains("# HELP \(entry.name) \(entry.help)\n"), "\(entry.name)")
             #expect(text.contains("# TYPE \(entry.name) \(entry.kind.rawValue)\n"), "\(entry.name)")
@@ -38,7 +38,7 @@ import Testing
     @Test func aNameMissingFromTheCatalogueIsReported() {
         let registry = PrometheusCollectorRegistry()
         CoreMetrics.Counter(label: "metricsd_not_documented_total", factory: DocumentedMetricsFactory(registry: registry)).increment()
-        #expect(OperabilityTests.undocumentedFamilies(registry.emitToString()) == ["metricsd_not_documented_total: no # HELP"])
+        #expect(PrometheusScrape.undocumentedFamilies(registry.emitToString()) == ["metricsd_not_documented_total: no # HELP"])
     }
 
     @Test func namesFollowTheConventions() {

@@ -5,6 +5,7 @@ import MetricsdTestSupport
 import Testing
 
 @testable import MetricsdPostgres
+import MetricsdWork
 
 /// `profile_metrics` partitioned by month of `metrics_date`: an existing history becomes the partition of every
 /// older date without being copied, later months get partitions of their own ahead of time, a date no partition
@@ -101,7 +102,7 @@ import Testing
     @Test func monthsAheadAreAddedOnceAndTakeTheirRowsFromTheDefault() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1), .valid(2)])
-            let queue = WorkQueueTests.queue(database)
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "w1", logger: database.logger)
             #expect(try await queue.addMonthlyPartitions() == 0, "the migration made them")
             let ahead = try await database.value(
                 """
@@ -234,7 +235,7 @@ import Testing
     @Test func retentionTruncatesAMonthOnlyOnceItIsPastTheCutoff() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
-            let queue = WorkQueueTests.queue(database)
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "w1", logger: database.logger)
             let first = "(date_trunc('month', now()) + interval '3 months')::date"
             _ = try await database.value("SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '5 months')::date)")
             let name = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(first), 'YYYY_MM')")))

@@ -1,3 +1,5 @@
+import MetricsdWork
+import MetricsdReads
 import Crypto
 import Foundation
 import HTTPTypes
