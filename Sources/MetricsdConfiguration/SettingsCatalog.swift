@@ -150,11 +150,11 @@ public enum SettingsCatalog {
         ),
         Setting(
             "METRICSD_READ_DATABASE_URL", .database, .conninfo, unset: "every read on DATABASE_URL",
-            "Streaming standbys for the latest-metrics read (GET /v1/profile/metrics/today), as a libpq URL or key=value string; several hosts are allowed: postgresql://metricsd@db2:5432,db3:5432/metricsd?connect_timeout=2. metricsd reaches each host on its own (libpq 15 has no load_balance_hosts) and sends each read to the least busy one within METRICSD_READ_MAX_LAG_SECONDS of the primary, else to the primary. Writes, acknowledgements, computation on request and /readyz stay on DATABASE_URL. The db-password credential applies to it too."
+            "Streaming standbys for the latest-metrics read (GET /v1/profile/metrics/today), as a libpq URL or key=value string; several hosts are allowed: postgresql://metricsd@db2:5432,db3:5432/metricsd?connect_timeout=2. metricsd reaches each host on its own (libpq 15 has no load_balance_hosts) and sends each read to the least busy one within METRICSD_READ_MAX_LAG_SECONDS of the primary, else to the primary. A server is read from only while it follows DATABASE_URL's primary (same system identifier and timeline; one that is not in recovery only when it is that primary itself), checked at every probe; with target_session_attrs=standby or prefer-standby only while it is a standby. Writes, acknowledgements, computation on request and /readyz stay on DATABASE_URL. The db-password credential applies to it too."
         ),
         Setting(
             "METRICSD_READ_MAX_LAG_SECONDS", .database, .number(1...3600), default: "5",
-            "A read server whose data is further behind the primary than this many seconds (from its WAL replay position) is not read from until it catches up: a read shows every change committed on the primary more than this long ago."
+            "A read server whose data is further behind the primary than this many seconds (from its WAL replay position) is not read from until it catches up: a read shows every change committed on the primary more than this long ago. Between 1 and 5 s, it is also how long a read server may take to answer a read (connecting included) before it is left and the read answered by the primary."
         ),
         Setting("METRICSD_DB_POOL_SIZE", .database, .integer(1...200), default: "8", "Database connections in the pool."),
         Setting(

@@ -35,6 +35,12 @@ public struct ConnectionSettings: Sendable {
     /// that became one is dropped, as metricsd's writes need the primary. True for the read servers of
     /// `METRICSD_READ_DATABASE_URL` (``readServers()``), which are standbys on purpose.
     public private(set) var acceptsReadOnly = false
+    /// When set, a connection gives up that many seconds after it started connecting, whatever `connect_timeout`
+    /// says (``PostgresConnection``'s own wait: one host only). Set for read servers, whose bound is shorter.
+    public var connectDeadlineSeconds: Double?
+    /// libpq's `connect_timeout` for these settings, in seconds as libpq applies it (per host, at least 2); nil: no
+    /// limit (0 or negative).
+    public let connectTimeoutSeconds: Double?
     let defaults: [(String, String)]
 
     /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`,
@@ -43,8 +49,10 @@ public struct ConnectionSettings: Sendable {
         conninfo: String, password: String? = nil, environment: [String: String], setting: String = "DATABASE_URL"
     ) throws(PostgresError) {
         var mask = SecretMask(connectionString: conninfo, password: password, environment: environment)
+        var connectTimeout = environment["PGCONNECT_TIMEOUT"] ?? "5"
         if !conninfo.isEmpty {
             let values = try Self.parse(conninfo, setting: setting, mask: mask)
+            if let written = values.last(where: { $0.0 == "connect_timeout" }) { connectTimeout = written.1 }
             // libpq's own reading of the password (decoded), besides the one found in the text.
             for (keyword, value) in values where keyword == "password" { mask.add(value) }
             for (keyword, value) in values {
@@ -66,6 +74,9 @@ public struct ConnectionSettings: Sendable {
         self.password = password
         self.mask = mask
         self.defaults = defaults
+        // libpq reads it with atoi (a typo is refused above) and waits at least 2 s per host.
+        let timeout = Int(connectTimeout) ?? 0
+        self.connectTimeoutSeconds = timeout > 0 ? Double(max(2, timeout)) : nil
     }
 
     private init(copying base: ConnectionSettings, conninfo: String) {
@@ -75,6 +86,8 @@ public struct ConnectionSettings: Sendable {
         self.password = base.password
         self.mask = base.mask
         self.acceptsReadOnly = base.acceptsReadOnly
+        self.connectDeadlineSeconds = base.connectDeadlineSeconds
+        self.connectTimeoutSeconds = base.connectTimeoutSeconds
         self.defaults = base.defaults
     }
 
@@ -83,14 +96,22 @@ public struct ConnectionSettings: Sendable {
     public struct ReadServer: Sendable {
         public let label: String
         public let settings: ConnectionSettings
+        /// The URL asks for standbys (`target_session_attrs=standby` or `prefer-standby`): a server that is not in
+        /// recovery is never read from, not even the primary itself (whose share goes through `DATABASE_URL`).
+        public let standbysOnly: Bool
     }
 
     /// The servers of this string, one per host (a multi-host URL lists several), each reached on its own and
     /// accepting read-only servers: libpq 15 connects to the first host that answers and has no
     /// `load_balance_hosts` (PostgreSQL 16), so metricsd keeps the list and spreads reads over it itself. Every
-    /// other parameter (user, database, TLS, `target_session_attrs`, timeouts) applies to each host.
+    /// other parameter (user, database, TLS, timeouts) applies to each host. `target_session_attrs=standby` and
+    /// `prefer-standby` become ``ReadServer/standbysOnly`` and are not passed to libpq: libpq checks them only when
+    /// connecting, so a server promoted later would keep its sessions, and one refused at connect would show as
+    /// unreachable; metricsd checks the role at every probe instead, and says why it leaves a primary.
     public func readServers() throws(PostgresError) -> [ReadServer] {
         let values = try Self.parse(self.conninfo, setting: self.setting, mask: self.mask)
+        let attributes = values.last { $0.0 == "target_session_attrs" }?.1
+        let standbysOnly = attributes == "standby" || attributes == "prefer-standby"
         func list(_ keyword: String) -> [String] {
             values.last { $0.0 == keyword }.map { $0.1.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
         }
@@ -101,7 +122,9 @@ public struct ConnectionSettings: Sendable {
         try self.checkValueCount(of: "host", found: hosts.count, hosts: count)
         try self.checkValueCount(of: "hostaddr", found: addresses.count, hosts: count)
         try self.checkValueCount(of: "port", found: ports.count, hosts: count)
-        let others = values.filter { !["host", "hostaddr", "port"].contains($0.0) }
+        let others = values.filter {
+            !["host", "hostaddr", "port"].contains($0.0) && !(standbysOnly && $0.0 == "target_session_attrs")
+        }
         var servers: [ReadServer] = []
         for index in 0..<count {
             func pick(_ list: [String]) -> String? {
@@ -116,7 +139,7 @@ public struct ConnectionSettings: Sendable {
             var settings = ConnectionSettings(
                 copying: self, conninfo: own.map { "\($0.0)=\(Self.quoted($0.1))" }.joined(separator: " "))
             settings.acceptsReadOnly = true
-            servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings))
+            servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings, standbysOnly: standbysOnly))
         }
         return servers
     }

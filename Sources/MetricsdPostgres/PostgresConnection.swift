@@ -17,12 +17,16 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// A read server's session (`ConnectionSettings.acceptsReadOnly`): a hot standby is what it wants.
     private let acceptsReadOnly: Bool
 
-    /// Opens a connection (blocking; call from a thread-pool thread).
+    /// Opens a connection (blocking; call from a thread-pool thread): within `settings.connectDeadlineSeconds` when
+    /// set, else as libpq does (`connect_timeout` per host).
     public init(settings: ConnectionSettings) throws(PostgresError) {
         let parameters = settings.parameters
-        let handle = Self.withCStrings(parameters.map(\.0)) { keywords in
-            Self.withCStrings(parameters.map(\.1)) { values in
-                PQconnectdbParams(keywords, values, 1)
+        let handle = try Self.withCStrings(parameters.map(\.0)) { (keywords) throws(PostgresError) in
+            try Self.withCStrings(parameters.map(\.1)) { (values) throws(PostgresError) in
+                if let deadline = settings.connectDeadlineSeconds {
+                    return try Self.connect(keywords, values, within: deadline, mask: settings.mask)
+                }
+                return PQconnectdbParams(keywords, values, 1)
             }
         }
         guard let handle else { throw PostgresError(code: .connectionFailed, message: "out of memory") }
@@ -49,6 +53,35 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
                 code: .connectionFailed,
                 message: "the server is read-only (\(reason)); metricsd needs the primary: list every host with target_session_attrs=read-write")
         }
+    }
+
+    /// Connects without blocking (`PQconnectStartParams`, `PQconnectPoll`) and gives up `seconds` after starting:
+    /// `PQconnectdbParams` waits `connect_timeout` per host (whole seconds, at least 2), which a server that accepts
+    /// TCP and never answers takes in full, longer than a read bound of a second or two. Only for settings naming
+    /// one host: libpq moves to a multi-host string's next host after *its* timeout, which this loop cannot ask for.
+    /// (Resolving a host name still blocks, as in libpq.) Returns the connection (its status tells whether it
+    /// succeeded) or nil when out of memory.
+    private static func connect(
+        _ keywords: [UnsafePointer<CChar>?], _ values: [UnsafePointer<CChar>?], within seconds: Double, mask: SecretMask
+    ) throws(PostgresError) -> OpaquePointer? {
+        let deadline = Self.monotonicSeconds() + seconds
+        guard let handle = PQconnectStartParams(keywords, values, 1) else { return nil }
+        var polling = PGRES_POLLING_WRITING
+        while PQstatus(handle) != CONNECTION_BAD && polling != PGRES_POLLING_OK && polling != PGRES_POLLING_FAILED {
+            let left = deadline - Self.monotonicSeconds()
+            guard left > 0 else {
+                PQfinish(handle)
+                throw PostgresError(
+                    code: .connectionFailed,
+                    message: "no answer from the database within \(Self.seconds(seconds)) s while connecting", mask: mask)
+            }
+            var poller = pollfd(
+                fd: PQsocket(handle), events: Int16(polling == PGRES_POLLING_READING ? POLLIN : POLLOUT), revents: 0)
+            let ready = poll(&poller, 1, Int32(min(left * 1000 + 1, 60_000)))
+            if ready < 0 && errno != EINTR { break }
+            if ready > 0 { polling = PQconnectPoll(handle) }
+        }
+        return handle
     }
 
     /// Why the server refuses writes on this session, or nil when it takes them. Uses the parameter status the
@@ -169,17 +202,16 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         }
     }
 
-    /// Gives up on the statement in flight: asks the server to cancel it (which also ends a wait for synchronous
-    /// replication, leaving the transaction committed locally) and cuts the connection.
+    /// Gives up on the statement in flight without waiting for the server: cuts the connection, then has the
+    /// server asked to cancel the statement from elsewhere (``CancelRequests``: which also ends a wait for
+    /// synchronous replication, leaving the transaction committed locally). Asking here would wait for a server
+    /// that may not answer at all.
     private func abandon() {
-        if let cancel = PQgetCancel(self.handle) {
-            var buffer = [CChar](repeating: 0, count: 256)
-            _ = PQcancel(cancel, &buffer, Int32(buffer.count))
-            PQfreeCancel(cancel)
-        }
+        let cancel = PQgetCancel(self.handle)  // before the socket goes: it needs the connection's address and key
         let socket = PQsocket(self.handle)
         if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
         self.isBroken = true
+        if let cancel { CancelRequests.send(cancel) }
     }
 
     private static func monotonicSeconds() -> Double {
@@ -288,10 +320,12 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
 
     // MARK: C strings
 
-    private static func withCStrings<R>(_ strings: [String], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
+    private static func withCStrings<R, E: Error>(
+        _ strings: [String], _ body: ([UnsafePointer<CChar>?]) throws(E) -> R
+    ) throws(E) -> R {
         let copies = strings.map { strdup($0) }
         defer { copies.forEach { free($0) } }
-        return body(copies.map { $0.map { UnsafePointer($0) } } + [nil])
+        return try body(copies.map { $0.map { UnsafePointer($0) } } + [nil])
     }
 
     private static func withOptionalCStrings<R>(_ strings: [String?], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {

@@ -106,6 +106,11 @@ public struct PostgresError: CodedError, Sendable {
         }
     }
 
+    /// True when the server did not answer within the time it was given: a statement past its deadline (the
+    /// connection was dropped) or a connection not opened within the caller's bound. The server may be frozen
+    /// (accepting TCP, answering nothing): asking it again at once would only wait as long once more.
+    public var isUnanswered: Bool { self.message.hasPrefix("no answer from the database within") }
+
     /// True when the failure is about reaching the database rather than about a statement: worth waiting and
     /// retrying on another connection (server restarting, connection cut, too many connections, pool busy).
     public var isTransient: Bool {

@@ -85,19 +85,35 @@ public final class PostgresPool: Sendable {
 
     /// Runs `body` with a connection on the pool's thread pool.
     ///
-    /// - Parameter retryOnConnectionLoss: for statements that are safe to repeat (reads, idempotent upserts):
-    ///   when the connection turns out to be broken (the server restarted since it was opened), run once more on
-    ///   a fresh connection instead of failing the caller.
+    /// - Parameters:
+    ///   - retryOnConnectionLoss: for statements that are safe to repeat (reads, idempotent upserts): when the
+    ///     connection turns out to be broken (the server restarted since it was opened), run once more on a fresh
+    ///     connection instead of failing the caller. Never after a statement went unanswered past its deadline: the
+    ///     server did not answer, and a second wait would double the caller's.
+    ///   - deadline: when the caller stops waiting (a request's bound). Waiting for a free connection and opening
+    ///     one end by then (the caller gets `.poolTimeout` or a `.connectionFailed` "no answer from the database";
+    ///     a connection still opening is kept for the next caller, and `body` does not run), and each of `body`'s
+    ///     statements gets at most what is left of it as its deadline.
     public func withConnection<T: Sendable>(
-        retryOnConnectionLoss: Bool = false, _ body: @escaping @Sendable (PostgresConnection) throws -> T
+        retryOnConnectionLoss: Bool = false, deadline: ContinuousClock.Instant? = nil,
+        _ body: @escaping @Sendable (PostgresConnection) throws -> T
     ) async throws -> T {
         do {
-            return try await self.runOnce(body)
-        } catch let error as PostgresError where retryOnConnectionLoss && error.code == .connectionLost {
+            return try await self.runOnce(body, deadline: deadline)
+        } catch let error as PostgresError
+            where retryOnConnectionLoss && error.code == .connectionLost && !error.isUnanswered
+            && deadline.map({ ContinuousClock.now < $0 }) ?? true
+        {
             // Never on another pooled connection: after a server restart or `pg_terminate_backend` it is as dead
             // as the first one, and the caller (a request, a chunk's failure record) would fail for nothing.
-            return try await self.runOnce(body, fresh: true)
+            return try await self.runOnce(body, fresh: true, deadline: deadline)
         }
+    }
+
+    /// A request's bound from now (for `withConnection`'s `deadline`): the statement deadline, for everything the
+    /// request waits for — a free connection, opening one, its statements; nil when there is no deadline.
+    public var requestDeadline: ContinuousClock.Instant? {
+        self.settings.statementDeadlineSeconds.map { .now + .nanoseconds(Int64($0 * 1e9)) }
     }
 
     /// Opens a connection outside the pool (for `LISTEN`), on the pool's thread pool.
@@ -140,60 +156,101 @@ public final class PostgresPool: Sendable {
 
     /// - Parameter fresh: open a new connection even when an idle one is free (the idle one is closed).
     private func runOnce<T: Sendable>(
-        _ body: @escaping @Sendable (PostgresConnection) throws -> T, fresh: Bool = false
+        _ body: @escaping @Sendable (PostgresConnection) throws -> T, fresh: Bool = false,
+        deadline: ContinuousClock.Instant? = nil
     ) async throws -> T {
-        let slot = try await self.acquire()
-        let settings = self.settings
-        let maxSessionAge = self.configuration.maxSessionAge
-        let logger = self.logger
-        let transfer = UnsafeTransfer(slot)
-        let outcome = try await self.threadPool.runIfActive { () -> UnsafeTransfer<(PostgresConnection?, Result<T, any Error>)> in
-            var reusable: PostgresConnection?
-            if case .connection(let existing) = transfer.value, !fresh {
-                if let maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge {
-                    // Closed when its last reference goes, after the new session is open.
-                    logger.debug(
-                        "Recycling a database session older than its maximum age",
-                        metadata: ["metricsd.db_session_max_age_s": "\(maxSessionAge.components.seconds)"])
-                } else {
-                    reusable = existing
+        let started = ContinuousClock.now
+        let slot = try await self.acquire(deadline: deadline)
+        let reusable = self.reusable(slot, fresh: fresh)
+        // The slot's old session (not reused) goes with the job, and is closed on the pool thread after it.
+        let transfer = UnsafeTransfer((slot, reusable))
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let attempt = Attempt(continuation)
+            // Only opening a connection can outlast the deadline (a statement has its own): no timer otherwise.
+            if let deadline, reusable == nil {
+                let budget = Self.seconds(deadline - started)
+                attempt.timer = self.eventLoop.scheduleTask(in: .nanoseconds(Self.nanoseconds(deadline - .now))) {
+                    attempt.expire(
+                        PostgresError(
+                            code: .connectionFailed,
+                            message: "no answer from the database within \(Self.rounded(budget)) s while connecting"))
                 }
             }
-            let connection: PostgresConnection
-            if let reusable {
-                connection = reusable
-            } else {
-                do {
-                    connection = try PostgresConnection(settings: settings)
-                } catch {
-                    return UnsafeTransfer((nil, .failure(error)))
+            self.threadPool.submit { state in
+                guard case .active = state else {
+                    self.release(nil)
+                    attempt.finish(.failure(PostgresError(code: .poolClosed, message: "the database pool is closed")))
+                    return
                 }
-            }
-            do {
-                return UnsafeTransfer((connection, .success(try body(connection))))
-            } catch {
-                return UnsafeTransfer((connection, .failure(error)))
-            }
-        }.value
-        self.release(outcome.0)
-        if case .failure(let error as PostgresError) = outcome.1 {
-            let counting = self.configuration.recordsMetrics
-            switch error.code {
-            case .connectionFailed: if counting { self.connectErrorCounter.increment() }
-            case .connectionLost:
-                if counting { self.lostCounter.increment() }
-                await self.closeIdle()
-            case .queryFailed: if counting { self.queryErrorCounter.increment() }
-            default: break
+                withExtendedLifetime(transfer.value.0) {
+                    self.work(reusing: transfer.value.1, deadline: deadline, attempt: attempt, body)
+                }
             }
         }
-        return try outcome.1.get()
     }
 
-    /// Closes the idle connections: one connection found lost (server restarted, backends terminated) means
-    /// the idle ones, opened before, are most likely lost too, and libpq only notices on their next use, which
-    /// would fail a batch or a request. Their slots reopen on demand.
-    private func closeIdle() async {
+    /// The blocking part of a call, on a pool thread: the connection (`reusing`, else a new one), then `body`
+    /// unless the caller gave up meanwhile; the connection goes back to the pool before the caller is resumed.
+    private func work<T: Sendable>(
+        reusing reusable: PostgresConnection?, deadline: ContinuousClock.Instant?, attempt: Attempt<T>,
+        _ body: (PostgresConnection) throws -> T
+    ) {
+        let connection: PostgresConnection
+        do {
+            connection = try reusable ?? PostgresConnection(settings: self.settings)
+        } catch {
+            self.release(nil)
+            self.count(error)
+            attempt.finish(.failure(error))
+            return
+        }
+        guard attempt.beginBody() else {
+            self.release(connection)  // opened for nobody: the next caller gets it
+            return
+        }
+        let configured = connection.statementDeadlineSeconds
+        if let deadline {
+            // What is left of the caller's bound; never so little that a healthy statement is cut at once.
+            let left = max(0.05, Self.seconds(deadline - .now))
+            connection.statementDeadlineSeconds = min(configured ?? left, left)
+        }
+        let result = Result { try body(connection) }
+        connection.statementDeadlineSeconds = configured
+        self.release(connection)
+        if case .failure(let error) = result { self.count(error) }
+        attempt.finish(result)
+    }
+
+    /// The slot's connection when it serves as it is: not `fresh`, not past its maximum age; nil: open a new one.
+    private func reusable(_ slot: Slot, fresh: Bool) -> PostgresConnection? {
+        guard case .connection(let existing) = slot, !fresh else { return nil }
+        guard let maxSessionAge = self.configuration.maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge
+        else { return existing }
+        // Closed when its last reference goes, after the new session is open.
+        self.logger.debug(
+            "Recycling a database session older than its maximum age",
+            metadata: ["metricsd.db_session_max_age_s": "\(maxSessionAge.components.seconds)"])
+        return nil
+    }
+
+    /// Records a failed call in `metricsd_db_errors_total`; a lost connection also closes the idle ones.
+    private func count(_ error: any Error) {
+        guard let error = error as? PostgresError else { return }
+        let counting = self.configuration.recordsMetrics
+        switch error.code {
+        case .connectionFailed: if counting { self.connectErrorCounter.increment() }
+        case .connectionLost:
+            if counting { self.lostCounter.increment() }
+            self.closeIdle()
+        case .queryFailed: if counting { self.queryErrorCounter.increment() }
+        default: break
+        }
+    }
+
+    /// Closes the idle connections (on the calling pool thread: closing may block): one connection found lost
+    /// (server restarted, backends terminated) means the idle ones, opened before, are most likely lost too, and
+    /// libpq only notices on their next use, which would fail a batch or a request. Their slots reopen on demand.
+    private func closeIdle() {
         let idle = self.state.withLock { state in
             let idle = state.idle
             state.open -= idle.count
@@ -202,10 +259,83 @@ public final class PostgresPool: Sendable {
         }
         guard !idle.value.isEmpty else { return }
         self.recordGauges()
-        _ = try? await self.threadPool.runIfActive { _ = idle.value.count }  // drop the last references on a pool thread
     }
 
-    private func acquire() async throws -> Slot {
+    /// One call's hand-over between the caller and the pool thread: whoever comes first — the result, or the
+    /// caller's deadline while the connection is still being opened — resumes the caller, once.
+    private final class Attempt<T: Sendable>: @unchecked Sendable {  // every field is guarded by `state`
+        private enum Phase {
+            case connecting, running, done
+        }
+
+        private struct State {
+            var phase = Phase.connecting
+            var continuation: CheckedContinuation<T, any Error>?
+            var timer: Scheduled<Void>?
+        }
+
+        private let state: Mutex<State>
+
+        init(_ continuation: CheckedContinuation<T, any Error>) {
+            self.state = Mutex(State(continuation: continuation))
+        }
+
+        var timer: Scheduled<Void>? {
+            get { self.state.withLock { $0.timer } }
+            set { self.state.withLock { $0.timer = newValue } }
+        }
+
+        /// The caller's deadline passed: fails it, unless `body` already runs (its statements have their own deadline).
+        func expire(_ error: PostgresError) {
+            let continuation: CheckedContinuation<T, any Error>? = self.state.withLock { state in
+                guard state.phase == .connecting else { return nil }
+                state.phase = .done
+                defer { state.continuation = nil }
+                return state.continuation
+            }
+            continuation?.resume(throwing: error)
+        }
+
+        /// Whether `body` may run (false: the caller already gave up).
+        func beginBody() -> Bool {
+            self.state.withLock { state in
+                guard state.phase == .connecting else { return false }
+                state.phase = .running
+                return true
+            }
+        }
+
+        func finish(_ result: Result<T, any Error>) {
+            let (continuation, timer) = self.state.withLock { state in
+                let taken = state.phase == .done ? nil : state.continuation
+                state.phase = .done
+                state.continuation = nil
+                defer { state.timer = nil }
+                return (taken, state.timer)
+            }
+            timer?.cancel()
+            continuation?.resume(with: result)
+        }
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    static func nanoseconds(_ duration: Duration) -> Int64 {
+        max(0, duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
+    }
+
+    /// Two decimals, without trailing zeros.
+    static func rounded(_ value: Double) -> String {
+        let hundredths = (value * 100).rounded()
+        return hundredths.truncatingRemainder(dividingBy: 100) == 0 ? String(Int(hundredths / 100)) : String(hundredths / 100)
+    }
+
+    /// A free connection or slot; waits at most the pool's `acquireTimeout`, and not past `deadline`.
+    private func acquire(deadline: ContinuousClock.Instant? = nil) async throws -> Slot {
+        var wait = self.configuration.acquireTimeout
+        if let deadline { wait = min(wait, .nanoseconds(Self.nanoseconds(deadline - .now))) }
         enum Immediate {
             case slot(Slot)
             case wait
@@ -252,7 +382,7 @@ public final class PostgresPool: Sendable {
             }
             self.recordGauges()
             guard let id else { return }
-            self.eventLoop.scheduleTask(in: self.configuration.acquireTimeout) {
+            self.eventLoop.scheduleTask(in: wait) {
                 let waiter: Waiter? = self.state.withLock { state in
                     guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
                     return state.waiters.remove(at: index)

@@ -35,7 +35,8 @@ package final class LatestMetricsBatcher: Service, Sendable {
         }
     }
 
-    private typealias Waiter = (userID: Int64, resumption: Resumption)
+    /// A read waiting: whose, how to answer it, and when it was asked (its bound runs from then).
+    private typealias Waiter = (userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant)
 
     private struct State {
         var pending: [Waiter] = []
@@ -81,14 +82,14 @@ package final class LatestMetricsBatcher: Service, Sendable {
 
     func load(userID: Int64) async throws -> LatestMetrics? {
         try await withCheckedThrowingContinuation { continuation in
-            self.enqueue((userID, .continuation(continuation)))
+            self.enqueue((userID, .continuation(continuation), .now))
         }
     }
 
     /// The same read for a caller outside Swift concurrency: `completion` runs once, on whichever thread finished
     /// the batch. Never runs the statement on the caller's thread (an event loop must not block).
     func load(userID: Int64, completion: @escaping Completion) {
-        self.enqueue((userID, .callback(completion)))
+        self.enqueue((userID, .callback(completion), .now))
     }
 
     private enum Enqueued {
@@ -146,6 +147,15 @@ package final class LatestMetricsBatcher: Service, Sendable {
         for runner in sleeping { runner.resume(returning: false) }
     }
 
+    /// When the first of `waiters` stops waiting: its bound, the primary's statement deadline, from when it asked
+    /// (nil: no deadline). No read waits longer, however long it queued for a runner or a connection: a database
+    /// that does not answer costs each read its bound, not the sum of the waits before it.
+    private func deadline(of waiters: [Waiter]) -> ContinuousClock.Instant? {
+        guard let bound = self.pool.settings.statementDeadlineSeconds, let first = waiters.min(by: { $0.asked < $1.asked })
+        else { return nil }
+        return first.asked + .nanoseconds(Int64(bound * 1e9))
+    }
+
     /// One statement for the waiters' users; resumes every waiter. On the primary, the batches that arrive
     /// meanwhile run on the same pool thread and connection (see ``drain(_:)``).
     private func execute(_ waiters: [Waiter]) async {
@@ -155,7 +165,7 @@ package final class LatestMetricsBatcher: Service, Sendable {
         }
         let unique = Array(Set(waiters.map(\.userID)))
         do {
-            let found = try await replicas.read(userIDs: unique)
+            let found = try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters))
             for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
         } catch {
             for waiter in waiters { waiter.resumption.resume(.failure(error)) }
@@ -171,14 +181,19 @@ package final class LatestMetricsBatcher: Service, Sendable {
     /// and one hop per waiter back to its event loop, instead of two more hops between Swift's threads and the
     /// pool's for every batch. A batch whose statement fails on a lost connection runs once more on a fresh one
     /// (the pool's retry; the batches already answered are not repeated); any other failure fails that batch.
+    /// Each batch's statement waits at most until its first waiter's deadline (``deadline(of:)``).
     private func drain(_ first: [Waiter]) async {
         let current = Current(first)
         let maxBatch = self.maxBatch
+        let configured = self.pool.settings.statementDeadlineSeconds
         do {
-            try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.deadline(of: first)) { connection in
                 for _ in 0..<Self.batchesPerConnection {
                     let waiters = current.batch.withLock { $0 }
                     if waiters.isEmpty { return }
+                    if let configured, let deadline = self.deadline(of: waiters) {
+                        connection.statementDeadlineSeconds = min(configured, max(0.05, Self.seconds(deadline - .now)))
+                    }
                     let found = try PostgresStore.readLatest(userIDs: Array(Set(waiters.map(\.userID))), on: connection)
                     for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
                     let next = self.state.withLock { Self.take(&$0.pending, upTo: maxBatch) }
@@ -198,6 +213,10 @@ package final class LatestMetricsBatcher: Service, Sendable {
     private final class Current: Sendable {
         let batch: Mutex<[Waiter]>
         init(_ batch: [Waiter]) { self.batch = Mutex(batch) }
+    }
+
+    private static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     private static func take(_ pending: inout [Waiter], upTo count: Int) -> [Waiter] {

@@ -41,7 +41,7 @@ public final class PostgresStore: MetricsStore {
 
     public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {
         let formula = self.formula
-        return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
             let rows = try UserRow.decode(
                 connection.prepared("read_users_by_id", SQL.readUsersByID, [nil, nil, "{\(userID)}"]))
             guard let row = rows.first else { return .unknownUser }
@@ -57,7 +57,7 @@ public final class PostgresStore: MetricsStore {
 
     public func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome {
         let formula = self.formula
-        return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
             // Two concurrent first acknowledgements: the loser's statement can neither insert nor see the
             // winner's row in its snapshot; a second run sees it.
             for _ in 0..<2 {
@@ -87,13 +87,14 @@ public final class PostgresStore: MetricsStore {
         return .notComputedYet
     }
 
-    /// How long `/readyz` waits for its probe transaction to commit.
+    /// How long `/readyz` waits for the database: a free connection, opening one, and its probe transaction's commit.
     static let readinessWriteSeconds = 3.0
 
     public func readiness() async -> Readiness {
         let migrator = self.migrator
+        let deadline = ContinuousClock.now + .nanoseconds(Int64(Self.readinessWriteSeconds * 1e9))
         do {
-            let pending = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+            let pending = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: deadline) { connection in
                 // Ready means writes complete: one transaction that writes WAL (a transactional logical-decoding
                 // message, no table touched) must commit within a few seconds. It would not on a read-only server
                 // (refused on connect anyway), nor when every COMMIT waits for a synchronous standby that is not

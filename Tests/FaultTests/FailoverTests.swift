@@ -307,19 +307,23 @@ import Testing
     /// The body of `/readyz`.
     static func readyzBody(port: Int) async -> String {
         guard let descriptor = RawHTTP.connect(port: port) else { return "" }
-        defer { close(descriptor) }
-        guard RawHTTP.send(descriptor, RawHTTP.get("/readyz", port: port, headers: ["Connection": "close"])) else { return "" }
-        let outcome = await RawHTTP.readResponses([descriptor], timeout: .seconds(10))
+        guard RawHTTP.send(descriptor, RawHTTP.get("/readyz", port: port, headers: ["Connection": "close"])) else {
+            close(descriptor)
+            return ""
+        }
+        let outcome = await RawHTTP.readResponses([descriptor], timeout: .seconds(10))  // closes it
         if case .complete(_, let body)? = outcome.first { return body }
         return ""
     }
 
-    /// Changes a user's weight and waits (up to 10 s) until the row is recomputed; the seconds it took, or nil.
-    static func changeAndWait(_ database: FaultDatabase, user: Int, weight: String) async throws -> Double? {
+    /// Changes a user's weight and waits (up to `timeout`) until the row is recomputed; the seconds it took, or nil.
+    static func changeAndWait(
+        _ database: FaultDatabase, user: Int, weight: String, timeout: Duration = .seconds(10)
+    ) async throws -> Double? {
         let before = try await database.value("SELECT computed_at::text FROM profile_metrics WHERE user_id = \(user)")
         let changed = ContinuousClock.now
         try await database.execute("UPDATE user_settings SET current_weight = \(weight) WHERE user_id = \(user)")
-        let refreshed = await Fault.waitUntil(timeout: .seconds(10), poll: .milliseconds(50)) {
+        let refreshed = await Fault.waitUntil(timeout: timeout, poll: .milliseconds(50)) {
             try await database.value("SELECT computed_at::text FROM profile_metrics WHERE user_id = \(user)") != before
         }
         return refreshed.map { ($0 - changed).faultSeconds }

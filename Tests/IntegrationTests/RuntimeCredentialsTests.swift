@@ -53,20 +53,16 @@ import Testing
     /// Owner, group, mode and content of each path (content "" for a directory: its entries instead).
     static func snapshot(_ paths: [String]) throws -> [String] {
         try paths.map { path in
-            var info = Glibc.stat()
-            try #require(lstat(path, &info) == 0, "\(path)")
-            let isDirectory = info.st_mode & S_IFMT == S_IFDIR
-            let content = isDirectory
+            let info = try #require(FileStatus(path), "\(path)")
+            let content = info.isDirectory
                 ? try FileManager.default.contentsOfDirectory(atPath: path).sorted().joined(separator: ",")
                 : try String(contentsOfFile: path, encoding: .utf8)
-            return "\(path) \(info.st_uid):\(info.st_gid) \(String(info.st_mode & 0o7777, radix: 8)) \(content)"
+            return "\(path) \(info.uid):\(info.gid) \(String(info.permissions, radix: 8)) \(content)"
         }
     }
 
     static func owner(_ path: String) -> (uid: uid_t, mode: mode_t, isFile: Bool)? {
-        var info = Glibc.stat()
-        guard lstat(path, &info) == 0 else { return nil }
-        return (info.st_uid, info.st_mode & 0o7777, info.st_mode & S_IFMT == S_IFREG)
+        FileStatus(path).map { ($0.uid, $0.permissions, $0.isRegularFile) }
     }
 
     @Test func installsForTheOwnerOfTheRuntimeDirectory() async throws {

@@ -17,14 +17,58 @@ import Testing
         #expect(servers.allSatisfy { $0.settings.acceptsReadOnly })
         #expect(servers.allSatisfy { $0.settings.setting == "METRICSD_READ_DATABASE_URL" })
         let first = servers[0].settings.conninfo
-        for part in ["host='db2'", "port='5433'", "dbname='metricsd'", "user='metricsd'", "sslmode='verify-full'",
-            "target_session_attrs='standby'", "connect_timeout='2'"]
-        {
+        for part in ["host='db2'", "port='5433'", "dbname='metricsd'", "user='metricsd'", "sslmode='verify-full'", "connect_timeout='2'"] {
             #expect(first.contains(part), "\(first)")
         }
+        // libpq would check target_session_attrs=standby only when connecting: metricsd checks the role at every
+        // probe instead, and does not pass it on.
+        #expect(!first.contains("target_session_attrs"), "\(first)")
+        #expect(servers.allSatisfy { $0.standbysOnly })
+        #expect(servers.allSatisfy { $0.settings.connectTimeoutSeconds == 2 })
         #expect(servers[1].settings.conninfo.contains("host='db3'") && !servers[1].settings.conninfo.contains("port="))
         // Each server's string is one libpq accepts, naming that host alone.
         #expect(try servers[1].settings.readServers().map(\.label) == ["db3:5432"])
+    }
+
+    @Test func whichTargetSessionAttributesAskForStandbysOnly() throws {
+        for (value, standbysOnly) in [("standby", true), ("prefer-standby", true), ("any", false), ("read-only", false)] {
+            let servers = try Self.servers("host=a,b dbname=m target_session_attrs=\(value)")
+            #expect(servers.allSatisfy { $0.standbysOnly == standbysOnly }, "\(value)")
+            #expect(servers.allSatisfy { $0.settings.conninfo.contains("target_session_attrs") != standbysOnly }, "\(value)")
+        }
+        #expect(try Self.servers("host=a dbname=m").allSatisfy { !$0.standbysOnly && $0.settings.connectTimeoutSeconds == 5 })
+        // libpq waits at least 2 s per host, and 0 means no limit.
+        #expect(try Self.servers("host=a dbname=m connect_timeout=1").first?.settings.connectTimeoutSeconds == 2)
+        #expect(try Self.servers("host=a dbname=m connect_timeout=0").first?.settings.connectTimeoutSeconds == nil)
+    }
+
+    // MARK: Following the primary
+
+    static let primary = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 2, startedAt: "1767225600.123456")
+
+    @Test func aStandbyFollowsThePrimaryOnItsSystemAndTimeline() {
+        let standby = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 2, startedAt: "1767225000.5")
+        #expect(ReadReplicas.mismatch(observed: standby, inRecovery: true, standbysOnly: true, primary: Self.primary) == nil)
+        let other = ReadReplicas.Identity(systemIdentifier: "9999", timeline: 2, startedAt: "1767225000.5")
+        #expect(ReadReplicas.mismatch(observed: other, inRecovery: true, standbysOnly: false, primary: Self.primary)?.problem == .otherCluster)
+        let behind = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 1, startedAt: "1767225000.5")
+        let mismatch = ReadReplicas.mismatch(observed: behind, inRecovery: true, standbysOnly: false, primary: Self.primary)
+        #expect(mismatch?.problem == .otherTimeline)
+        #expect(mismatch?.detail == "a standby on timeline 1, the primary on timeline 2: it does not follow the primary")
+        // The primary not known yet: nothing to compare with (and no server can be shown fresh either).
+        #expect(ReadReplicas.mismatch(observed: other, inRecovery: true, standbysOnly: false, primary: nil) == nil)
+    }
+
+    @Test func aServerNotInRecoveryIsReadFromOnlyWhenItIsThePrimaryItself() {
+        #expect(ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: false, primary: Self.primary) == nil)
+        #expect(
+            ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: true, primary: Self.primary)?.problem
+                == .primaryNotWanted)
+        // Promoted apart from the primary onto the same timeline: only its start time tells it from the primary.
+        let twin = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 2, startedAt: "1767225000.5")
+        #expect(ReadReplicas.mismatch(observed: twin, inRecovery: false, standbysOnly: false, primary: Self.primary)?.problem == .otherPrimary)
+        let old = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 1, startedAt: "1767225600.123456")
+        #expect(ReadReplicas.mismatch(observed: old, inRecovery: false, standbysOnly: true, primary: Self.primary)?.problem == .otherPrimary)
     }
 
     @Test func oneHostOnePortAndKeywordStrings() throws {

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 
 /// A private PostgreSQL cluster for one test that must stop and start the database under a running daemon.
@@ -42,8 +43,54 @@ package struct ThrowawayCluster: Sendable {
 
     package func stop() async throws { try await self.run("stop", self.directory, "fast") }
 
-    /// Stops (immediately) and deletes the cluster; never throws.
-    package func destroy() async { try? await self.run("destroy", self.directory) }
+    /// Stops (immediately) and deletes the cluster; never throws. A frozen cluster is thawed first: a stopped
+    /// postmaster would not act on pg_ctl's signal.
+    package func destroy() async {
+        self.thaw()
+        try? await self.run("destroy", self.directory)
+    }
+
+    // MARK: Freezing
+
+    /// The postmaster's pid (first line of `data/postmaster.pid`), nil when the cluster is not running.
+    package var postmasterPID: pid_t? {
+        guard let text = try? String(contentsOfFile: self.directory + "/data/postmaster.pid", encoding: .utf8),
+            let line = text.split(separator: "\n").first, let pid = pid_t(line.trimmingCharacters(in: .whitespaces))
+        else { return nil }
+        return kill(pid, 0) == 0 ? pid : nil
+    }
+
+    /// The postmaster and every process it started (backends, WAL sender or receiver, checkpointer, …), from
+    /// `/proc` (each process's parent is field 4 of its `stat`).
+    package func processes() -> [pid_t] {
+        guard let postmaster = self.postmasterPID else { return [] }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        let children = entries.compactMap { pid_t($0) }.filter { pid in
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+                let end = stat.lastIndex(of: ")")
+            else { return false }
+            // After "pid (command)": state, then the parent's pid.
+            let fields = stat[stat.index(after: end)...].split(separator: " ")
+            return fields.count > 1 && pid_t(fields[1]) == postmaster
+        }
+        return [postmaster] + children
+    }
+
+    /// Stops every process of the server with SIGSTOP, the postmaster first (so that it starts no new one): the
+    /// kernel still accepts TCP connections on its port, but nothing answers, as with a frozen VM. Returns how
+    /// many processes were stopped. Always pair it with ``thaw()`` (``withFrozen(_:_:)`` does).
+    @discardableResult
+    package func freeze() throws -> Int {
+        let processes = self.processes()
+        try #require(!processes.isEmpty, "cannot freeze \(self.directory): no postmaster running")
+        for pid in processes { kill(pid, SIGSTOP) }
+        return processes.count
+    }
+
+    /// Resumes every process of the server (SIGCONT); harmless when none is stopped. Never throws.
+    package func thaw() {
+        for pid in self.processes().reversed() { kill(pid, SIGCONT) }
+    }
 
     /// A new cluster beside this one (the same parent directory, a free port), made a streaming standby of it
     /// (`pg-cluster standby`: `pg_basebackup -R`) and started; deleted again when that fails.
@@ -152,6 +199,29 @@ package struct SubprocessError: Error, CustomStringConvertible {
     package let executable: String
     package let errno: Int32
     package var description: String { "cannot run \(self.executable): \(String(cString: strerror(self.errno)))" }
+}
+
+/// Runs `body` while `cluster` is frozen (``ThrowawayCluster/freeze()``; `body` gets how many processes were
+/// stopped); thaws it afterwards whatever happens, and after `longest` at the latest even while `body` still runs:
+/// a body that waits for an answer the frozen server cannot give (a daemon that waits for it) ends then and fails,
+/// instead of holding the test and the server forever.
+package func withFrozen<T>(
+    _ cluster: ThrowawayCluster, longest: Duration = .seconds(60), _ body: (Int) async throws -> T
+) async throws -> T {
+    defer { cluster.thaw() }
+    let stopped = try cluster.freeze()
+    let finished = Flag()
+    defer { finished.value.store(true, ordering: .relaxed) }
+    let backstop = UInt32(longest.components.seconds)
+    Thread.detachNewThread {
+        for _ in 0..<backstop * 10 where !finished.value.load(ordering: .relaxed) { usleep(100_000) }
+        if !finished.value.load(ordering: .relaxed) { cluster.thaw() }
+    }
+    return try await body(stopped)
+}
+
+private final class Flag: Sendable {
+    let value = Atomic<Bool>(false)
 }
 
 /// Runs `body` with a new, stopped ``ThrowawayCluster``; destroys it afterwards.

@@ -86,7 +86,10 @@ enum MetricCatalog {
             "1 while latest reads go to the read server (it answers and is within METRICSD_READ_MAX_LAG_SECONDS of the primary), else 0."),
         Entry(
             "metricsd_read_server_lag_seconds", .gauge, labels: ["server"],
-            "How far the read server's data may be behind the primary's commits, from its replay position (-1 until first measured)."),
+            "How far the read server's data may be behind the primary's commits, from its replay position (-1 until first measured); it keeps growing while the server does not answer."),
+        Entry(
+            "metricsd_read_server_problem", .gauge, labels: ["server", "reason"],
+            "1 for the reason the read server is not read from now, else 0: unreachable, not_answering (no answer within the read bound), lagging, other_cluster (another system identifier), other_timeline, other_primary (not in recovery and not DATABASE_URL's primary), primary_not_wanted (the primary; target_session_attrs asks for standbys)."),
         Entry(
             "metricsd_read_fallbacks_total", .counter, labels: ["reason"],
             "Users' latest reads a read server did not answer, read again on the primary: missing (no row there yet) or error (the read failed)."),

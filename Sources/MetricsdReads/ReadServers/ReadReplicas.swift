@@ -11,14 +11,16 @@ import Synchronization
 /// `maxLag`, with the primary behind them.
 ///
 /// Each read server has its own small pool. A read goes to the least busy server that is *usable* — its last
-/// probe answered and its data is at most `maxLag` behind the primary (``WALHistory``: replay position against
-/// the primary's recent WAL positions, rechecked against the clock at every read, so a server that stops replaying
-/// is left when the bound runs out even between probes) — taking turns among equals. With none usable the read goes
-/// to the primary. Users a standby has no row for are read again on the primary before the caller computes them
-/// on request: a user just computed by another instance is not computed twice. A read that fails on a standby
-/// (down, refused, cut) marks it down at once and is answered by the primary instead; the monitor (``run()``)
-/// probes every server and the primary's WAL position a few times per `maxLag` and takes a server back as soon as
-/// it answers and has caught up.
+/// probe answered, it follows this primary (``Identity``: same system identifier, same timeline; a server not in
+/// recovery only when it is the primary itself), and its data is at most `maxLag` behind the primary
+/// (``WALHistory``: replay position against the primary's recent WAL positions, rechecked against the clock at
+/// every read, so a server that stops replaying is left when the bound runs out even between probes) — taking turns
+/// among equals. With none usable the read goes to the primary. Users a standby has no row for are read again on the
+/// primary before the caller computes them on request: a user just computed by another instance is not computed
+/// twice. A read that fails on a standby (down, refused, cut, or no answer within ``readDeadlineSeconds``) marks it
+/// down at once and is answered by the primary instead; the monitor (``run()``) probes every server, its role and
+/// the primary's WAL position a few times per `maxLag` and takes a server back as soon as it answers, follows the
+/// primary and has caught up.
 ///
 /// Only the latest read comes here: every write, every acknowledgement, on-request computation and `/readyz` stay
 /// on the primary's pool.
@@ -61,6 +63,30 @@ public final class ReadReplicas: Sendable {
         }
     }
 
+    /// Why a read server is not read from, as the `reason` label of `metricsd_read_server_problem` (a fixed set).
+    enum Problem: String, CaseIterable, Sendable {
+        /// Refuses connections, is down, or broke a read.
+        case unreachable
+        /// Accepted the connection but did not answer within ``readDeadlineSeconds`` (stopped, frozen, overloaded).
+        case notAnswering = "not_answering"
+        /// Further behind the primary than the bound (or its position is not known yet).
+        case lagging
+        /// Another cluster: its system identifier is not the primary's.
+        case otherCluster = "other_cluster"
+        /// A standby on another timeline than the primary's: it does not follow this primary.
+        case otherTimeline = "other_timeline"
+        /// Not in recovery and not the primary of `DATABASE_URL`: promoted on its own, or an old primary.
+        case otherPrimary = "other_primary"
+        /// The primary itself, and the read URL asks for standbys (`target_session_attrs=standby`).
+        case primaryNotWanted = "primary_not_wanted"
+    }
+
+    /// What was last logged about a server.
+    enum Announced: Equatable, Sendable {
+        case usable
+        case left(Problem)
+    }
+
     final class Server: Sendable {
         struct State {
             /// The last probe (or read) reached it.
@@ -69,35 +95,65 @@ public final class ReadReplicas: Sendable {
             var freshAsOf: ContinuousClock.Instant?
             /// Why it is down, when it is.
             var failure: String?
+            /// It is down because it did not answer in time (rather than refused or cut).
+            var unanswered = false
+            /// Why it does not follow this primary, when it does not (from its last probe).
+            var mismatch: (problem: Problem, detail: String)?
             var replayPaused = false
             var inFlight = 0
             var reads = 0
-            /// Whether it was usable when last logged (a line is logged when this changes).
-            var announced: Bool?
+            /// What was last logged (a line is logged when this changes).
+            var announced: Announced?
 
             func staleness(at now: ContinuousClock.Instant) -> Duration? {
                 self.freshAsOf.map { now - $0 }
             }
 
             func usable(at now: ContinuousClock.Instant, maxLag: Duration) -> Bool {
-                guard self.up, let staleness = self.staleness(at: now) else { return false }
+                guard self.up, self.mismatch == nil, let staleness = self.staleness(at: now) else { return false }
                 return staleness <= maxLag
+            }
+
+            /// Why it is not usable now (nil when it is), and in a few words.
+            func problem(at now: ContinuousClock.Instant, maxLag: Duration) -> (Problem, String)? {
+                if self.usable(at: now, maxLag: maxLag) { return nil }
+                if let failure {
+                    guard self.unanswered else { return (.unreachable, "unreachable: \(failure)") }
+                    return (.notAnswering, "not answering: it took a connection but did not answer within the read bound")
+                }
+                if let mismatch { return (mismatch.problem, mismatch.detail) }
+                return (.lagging, ReadReplicas.lagReason(staleness: self.staleness(at: now), paused: self.replayPaused, maxLag: maxLag))
             }
         }
 
         let label: String
         let pool: PostgresPool
+        /// The read URL asks for standbys only (``ConnectionSettings/ReadServer/standbysOnly``).
+        let standbysOnly: Bool
         let state = Mutex(State())
         let readsCounter: Counter
         let usableGauge: Gauge
         let lagGauge: Gauge
+        let problemGauges: [Problem: Gauge]
 
-        init(label: String, pool: PostgresPool) {
+        init(label: String, pool: PostgresPool, standbysOnly: Bool) {
             self.label = label
             self.pool = pool
+            self.standbysOnly = standbysOnly
             self.readsCounter = Counter(label: "metricsd_read_server_reads_total", dimensions: [("server", label)])
             self.usableGauge = Gauge(label: "metricsd_read_server_usable", dimensions: [("server", label)])
             self.lagGauge = Gauge(label: "metricsd_read_server_lag_seconds", dimensions: [("server", label)])
+            self.problemGauges = Dictionary(
+                uniqueKeysWithValues: Problem.allCases.map { problem in
+                    (problem, Gauge(label: "metricsd_read_server_problem", dimensions: [("server", label), ("reason", problem.rawValue)]))
+                })
+        }
+
+        /// Records the gauges of a server `usable` or not (`problem`), `staleness` behind.
+        func record(usable: Bool, staleness: Duration?, problem: Problem?) {
+            self.usableGauge.record(usable ? 1 : 0)
+            self.lagGauge.record(staleness.map(ReadReplicas.seconds) ?? -1)
+            for (reason, gauge) in self.problemGauges { gauge.record(reason == problem ? 1 : 0) }
         }
     }
 
@@ -107,6 +163,8 @@ public final class ReadReplicas: Sendable {
     let logger: Logger
     /// The primary's recent WAL positions.
     let history: Mutex<WALHistory>
+    /// Who the primary is (its last sample): what each read server must follow.
+    let primaryIdentity = Mutex<Identity?>(nil)
     /// Runs the monitor's blocking calls on the primary (never queued behind the primary pool's requests).
     let threads: NIOThreadPool
     private let turn = Atomic<Int>(0)
@@ -142,29 +200,34 @@ public final class ReadReplicas: Sendable {
         self.servers = servers.map { server in
             var settings = server.settings
             settings.statementDeadlineSeconds = min(statementDeadlineSeconds ?? deadline, deadline)
+            // Connecting waits no longer than a read: a server that accepts TCP and never answers would otherwise
+            // hold a probe or a read for libpq's connect_timeout.
+            settings.connectDeadlineSeconds = min(deadline, settings.connectTimeoutSeconds ?? deadline)
             let pool = PostgresPool(
                 settings: settings,
                 configuration: .init(
                     size: configuration.poolSize, acquireTimeout: configuration.acquireTimeout,
                     maxSessionAge: configuration.maxSessionAge, recordsMetrics: false),
                 logger: logger)
-            return Server(label: server.label, pool: pool)
+            return Server(label: server.label, pool: pool, standbysOnly: server.standbysOnly)
         }
         self.threads.start()
         for server in self.servers {
-            server.usableGauge.record(0)
-            server.lagGauge.record(-1)
+            server.record(usable: false, staleness: nil, problem: .lagging)
         }
     }
 
     /// The latest metrics of `userIDs` (those who have any): on a usable read server, the users it lacks and every
-    /// user of a failed read on the primary.
-    func read(userIDs: [Int64]) async throws -> [Int64: LatestMetrics] {
+    /// user of a failed read on the primary. The read server gets at most ``readDeadlineSeconds`` (and never past
+    /// `deadline`, the caller's bound), the primary what is left until `deadline`.
+    func read(userIDs: [Int64], deadline: ContinuousClock.Instant? = nil) async throws -> [Int64: LatestMetrics] {
         var found: [Int64: LatestMetrics] = [:]
         var remaining = userIDs
         if let server = self.choose() {
+            var serverDeadline = ContinuousClock.now + .nanoseconds(Int64(self.readDeadlineSeconds * 1e9))
+            if let deadline { serverDeadline = min(serverDeadline, deadline) }
             do {
-                found = try await server.pool.withConnection(retryOnConnectionLoss: true) { connection in
+                found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) { connection in
                     try PostgresStore.readLatest(userIDs: userIDs, on: connection)
                 }
                 server.state.withLock {
@@ -185,7 +248,7 @@ public final class ReadReplicas: Sendable {
             }
         }
         guard !remaining.isEmpty else { return found }
-        let more = try await self.primary.withConnection(retryOnConnectionLoss: true) { [remaining] connection in
+        let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) { [remaining] connection in
             try PostgresStore.readLatest(userIDs: remaining, on: connection)
         }
         self.primaryReads.add(remaining.count, ordering: .relaxed)
@@ -209,7 +272,8 @@ public final class ReadReplicas: Sendable {
         return best?.server
     }
 
-    /// A read on `server` failed: a server that cannot be reached is down until a probe reaches it again.
+    /// A read on `server` failed: a server that cannot be reached, or did not answer in time, is down until a
+    /// probe reaches it again.
     private func readFailed(on server: Server, _ error: any Error) {
         let summary = (error as? PostgresError)?.summary ?? "\(error)"
         let unreachable = (error as? PostgresError).map { $0.code == .connectionFailed || $0.code == .connectionLost } ?? false
@@ -217,6 +281,7 @@ public final class ReadReplicas: Sendable {
             self.update(server) {
                 $0.up = false
                 $0.failure = summary
+                $0.unanswered = (error as? PostgresError)?.isUnanswered ?? false
             }
         } else {
             self.logger.warning(
@@ -225,34 +290,37 @@ public final class ReadReplicas: Sendable {
         }
     }
 
-    /// Changes what is known of `server`; records its gauges and logs when it becomes usable or stops being so.
-    func update(_ server: Server, _ change: (inout Server.State) -> Void) {
+    /// Changes what is known of `server` (nothing: only the clock moved); records its gauges and logs when it
+    /// becomes usable or stops being so, or is left for another reason than before.
+    func update(_ server: Server, _ change: (inout Server.State) -> Void = { _ in }) {
         let now = ContinuousClock.now
         let maxLag = self.configuration.maxLag
-        let (usable, announce, staleness, failure, paused) = server.state.withLock { state in
+        let (problem, announce, staleness) = server.state.withLock { state in
             change(&state)
-            let usable = state.usable(at: now, maxLag: maxLag)
-            let announce = state.announced != usable
-            state.announced = usable
-            return (usable, announce, state.staleness(at: now), state.failure, state.replayPaused)
+            let problem = state.problem(at: now, maxLag: maxLag)
+            // A line when it becomes usable or left, and when the kind of problem changes (e.g. from lagging to
+            // following another primary); not for every change of lag.
+            let current = problem.map { Announced.left($0.0) } ?? .usable
+            let announce = state.announced != current
+            state.announced = current
+            return (problem, announce, state.staleness(at: now))
         }
-        server.usableGauge.record(usable ? 1 : 0)
-        server.lagGauge.record(staleness.map(Self.seconds) ?? -1)
+        server.record(usable: problem == nil, staleness: staleness, problem: problem?.0)
         guard announce else { return }
         var metadata: Logger.Metadata = ["metricsd.read_server": "\(server.label)"]
         if let staleness { metadata["metricsd.read_lag_s"] = "\(Self.rounded(Self.seconds(staleness)))" }
-        if usable {
+        guard let problem else {
             self.logger.info("Reading from read server", metadata: metadata)
             return
         }
         metadata["metricsd.read_max_lag_s"] = "\(Self.rounded(Self.seconds(maxLag)))"
-        metadata["metricsd.reason"] = "\(Self.reason(failure: failure, staleness: staleness, paused: paused, maxLag: maxLag))"
+        metadata["metricsd.read_problem"] = "\(problem.0.rawValue)"
+        metadata["metricsd.reason"] = "\(problem.1)"
         self.logger.warning("Not reading from read server; reads go to the primary or another read server", metadata: metadata)
     }
 
-    /// Why a server is not usable, in a few words.
-    static func reason(failure: String?, staleness: Duration?, paused: Bool, maxLag: Duration) -> String {
-        if let failure { return "unreachable: \(failure)" }
+    /// Why a server that follows the primary is not usable for its lag, in a few words.
+    static func lagReason(staleness: Duration?, paused: Bool, maxLag: Duration) -> String {
         guard let staleness else { return "replay position not known" }
         let behind = "\(Self.rounded(Self.seconds(staleness))) s behind the primary (bound \(Self.rounded(Self.seconds(maxLag))) s)"
         return paused ? "replay paused, \(behind)" : behind
@@ -264,11 +332,11 @@ public final class ReadReplicas: Sendable {
         let maxLag = self.configuration.maxLag
         var all = self.servers.map { server in
             server.state.withLock { state in
-                let usable = state.usable(at: now, maxLag: maxLag)
+                let problem = state.problem(at: now, maxLag: maxLag)
                 let staleness = state.staleness(at: now)
                 return ServerStatus(
-                    server: server.label, usable: usable, lagSeconds: staleness.map(Self.seconds), reads: state.reads,
-                    problem: usable ? nil : Self.reason(failure: state.failure, staleness: staleness, paused: state.replayPaused, maxLag: maxLag))
+                    server: server.label, usable: problem == nil, lagSeconds: staleness.map(Self.seconds), reads: state.reads,
+                    problem: problem?.1)
             }
         }
         all.append(

@@ -123,7 +123,7 @@ public struct RecomputeJobs: Sendable {
 
     private func triggerOnce(version: Int, requestedBy: String) async throws -> TriggerOutcome {
         let chunkSize = String(self.chunkSize)
-        let inserted = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        let inserted = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
             try connection.transaction { connection -> Inserted in
                 let inserted = try connection.query(
                     """
@@ -215,7 +215,7 @@ public struct RecomputeJobs: Sendable {
     /// Stops a job: its pending chunks are not claimed any more, and a worker holding one stops at its next
     /// batch (the fence sees the state change). Users already done stay done; triggering again continues.
     public func cancel(id: Int64) async throws -> CancelOutcome {
-        let changed = try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        let changed = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
             try connection.query(
                 """
                 WITH job AS (
@@ -235,7 +235,7 @@ public struct RecomputeJobs: Sendable {
     }
 
     private func jobs(where condition: String, _ parameters: [String?], limit: Int = 20) async throws -> [RecomputeJob] {
-        try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
+        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
             let result = try connection.query(
                 """
                 SELECT j.id, j.version, j.state, j.users_total,

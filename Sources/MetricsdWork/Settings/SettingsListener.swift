@@ -9,7 +9,19 @@ import ServiceLifecycle
 /// on `metricsd_work` (a recompute job was triggered: wake the workers). Notifications sent while it was
 /// disconnected are lost, so a sweep of `user_settings.updated_at` runs after every (re)connect and every
 /// `sweepInterval`. The refresh is idempotent across instances: a row computed after the change is left alone.
+///
+/// A LISTEN connection only reads, so a server that stops answering (stopped processes, a frozen VM, a middlebox
+/// that dropped the connection's state) is never noticed by itself: TCP keepalives are answered by the kernel, and
+/// nothing is ever sent whose acknowledgement could time out. So after ``checkInterval`` without a notification the
+/// listener asks the server whether the session still listens on both channels, with at most
+/// ``checkDeadlineSeconds`` to answer; a session that does not answer is dropped and the listener reconnects (and
+/// sweeps what it missed).
 package struct SettingsListener: Service {
+    /// Silence after which the LISTEN session is checked.
+    static let checkInterval = Duration.seconds(5)
+    /// The most a check waits for its answer (less when the statement deadline is shorter).
+    static let checkDeadlineSeconds = 5.0
+
     let pool: PostgresPool
     let queue: WorkQueue
     let signal: WorkSignal
@@ -74,12 +86,20 @@ package struct SettingsListener: Service {
 
     private func listen(on connection: PostgresConnection, watermark: inout String?, interrupter: WaitInterrupter) async throws {
         var lastSweep = ContinuousClock.now
+        var lastHeard = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            // Until the next sweep is due (at most a minute): notifications and a stop end the wait sooner.
+            // Until the next sweep or check is due: notifications and a stop end the wait sooner.
             let untilSweep = self.sweepInterval - (ContinuousClock.now - lastSweep)
-            let timeout = Int32(min(60_000, max(10, (untilSweep / .milliseconds(1)).rounded(.up))))
+            let untilCheck = Self.checkInterval - (ContinuousClock.now - lastHeard)
+            let timeout = Int32(min(60_000, max(10, (min(untilSweep, untilCheck) / .milliseconds(1)).rounded(.up))))
             let notifications = try await self.pool.runBlocking {
                 try connection.waitForNotifications(timeoutMilliseconds: timeout, interrupter: interrupter)
+            }
+            if !notifications.isEmpty {
+                lastHeard = ContinuousClock.now
+            } else if ContinuousClock.now - lastHeard >= Self.checkInterval {
+                try await self.check(connection)
+                lastHeard = ContinuousClock.now
             }
             var users: Set<Int64> = []
             for notification in notifications {
@@ -102,6 +122,22 @@ package struct SettingsListener: Service {
                 watermark = try await self.sweep(since: since)
                 lastSweep = ContinuousClock.now
             }
+        }
+    }
+
+    /// Asks the LISTEN session whether it still listens on both channels, within ``checkDeadlineSeconds``; throws
+    /// (the caller reconnects) when it does not answer in time or no longer listens.
+    private func check(_ connection: PostgresConnection) async throws {
+        let listening = try await self.pool.runBlocking {
+            let deadline = connection.statementDeadlineSeconds
+            connection.statementDeadlineSeconds = min(deadline ?? Self.checkDeadlineSeconds, Self.checkDeadlineSeconds)
+            defer { connection.statementDeadlineSeconds = deadline }
+            return try connection.query(
+                "SELECT count(*) FROM pg_listening_channels() c WHERE c IN ('metricsd_settings', 'metricsd_work')"
+            ).int(0, 0)
+        }
+        guard listening == 2 else {
+            throw PostgresError(code: .connectionLost, message: "the settings listener's session no longer listens on its channels")
         }
     }
 

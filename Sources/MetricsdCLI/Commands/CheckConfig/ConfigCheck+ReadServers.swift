@@ -9,10 +9,11 @@ import Glibc
 import MetricsdPostgres
 
 extension ConfigCheck {
-    /// Each read server of `METRICSD_READ_DATABASE_URL` (nothing when unset): reachable on its own, a standby (or a
-    /// primary) whose schema is this build's, and how long it takes to replay the primary's present WAL position —
-    /// the staleness the daemon bounds with `METRICSD_READ_MAX_LAG_SECONDS`. A server that cannot be reached or
-    /// has another schema is a problem; one that lags is a note (the daemon reads from it once it catches up).
+    /// Each read server of `METRICSD_READ_DATABASE_URL` (nothing when unset): reachable on its own, a standby (or the
+    /// primary itself) that follows DATABASE_URL's primary, whose schema is this build's, and how long it takes to
+    /// replay the primary's present WAL position — the staleness the daemon bounds with
+    /// `METRICSD_READ_MAX_LAG_SECONDS`. A server that cannot be reached, follows another primary or has another
+    /// schema is a problem; one that lags is a note (the daemon reads from it once it catches up).
     mutating func checkReadServers(_ environment: [String: String]) async {
         guard let url = environment["METRICSD_READ_DATABASE_URL"], !url.isEmpty else { return }
         let password = try? Secrets.read(
@@ -59,6 +60,9 @@ extension ConfigCheck {
             let text = standby ? "standby" : "a primary (not in recovery)"
             guard let primary, let source = try? PostgresConnection(settings: primary) else {
                 return .success(text + ", schema current; lag not measured (DATABASE_URL not reachable)")
+            }
+            if let mismatch = try ReadReplicas.mismatch(of: connection, primary: source, standbysOnly: server.standbysOnly) {
+                return .failure(PostgresError(code: .unexpectedResult, message: "not read from: \(mismatch)"))
             }
             let asked = ContinuousClock.now
             let target = try source.query("SELECT (pg_current_wal_insert_lsn() - '0/0')::text").requiredString(0, 0)
