@@ -64,7 +64,8 @@ public struct Readiness: Hashable, Sendable {
 /// The storage port of the HTTP API. `MetricsdPostgres` implements it over libpq; HTTP-shape tests use an
 /// in-memory double.
 public protocol MetricsStore: Sendable {
-    /// The newest row by `computed_at DESC` (index `profile_metrics_user_computed_at_idx`), never by date.
+    /// The newest row by `computed_at DESC` (the greater id between equal ones), never by date: the user's first
+    /// entry in `profile_metrics_user_computed_at_idx`, kept in `profile_metrics_latest`.
     func latestMetrics(userID: Int64) async throws -> LatestMetrics?
     /// The same read for a caller outside Swift concurrency (the HTTP hot path, on an event loop): `completion`
     /// runs exactly once, on any thread, and the read never blocks the caller.

@@ -285,7 +285,7 @@ public struct OperatorSession: Sendable {
     public func status(json: Bool) async throws {
         let report = try await StatusReport.gather(
             pool: self.pool, dailyAt: self.configuration.dailyAt, formula: self.configuration.formula,
-            retentionDays: self.configuration.retentionDays)
+            retentionDays: self.configuration.retentionDays, historyMoveOn: self.configuration.historyMove)
         Self.print(json ? report.json : report.text)
     }
 

@@ -27,10 +27,14 @@ struct StatusReport {
     let retention: RetentionStatus
     /// The live instances' read servers (`METRICSD_READ_DATABASE_URL`), as their last heartbeats say.
     let readServers: [StatusQueries.ReadServerStatus]
+    /// The move of an upgraded install's history into monthly partitions (nil: there was none), and whether this
+    /// configuration takes part in it (`METRICSD_HISTORY_MOVE`).
+    let historyMove: HistoryMoveStatus?
+    let historyMoveOn: Bool
 
-    static func gather(pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula, retentionDays: Int)
-        async throws -> StatusReport
-    {
+    static func gather(
+        pool: PostgresPool, dailyAt: DailyTime, formula: MetricsFormula, retentionDays: Int, historyMoveOn: Bool = true
+    ) async throws -> StatusReport {
         let queries = StatusQueries(pool: pool)
         let migrator = Migrator()
         let schema = try await pool.withConnection { try migrator.status(on: $0) }
@@ -47,7 +51,8 @@ struct StatusReport {
             zones: try await queries.zones(dailyAt: dailyAt, version: formula.version),
             skips: try await queries.skipsByReason(), jobs: try await RecomputeJobs(pool: pool).recent(limit: 5),
             versions: try await queries.usersByLatestVersion(), retentionDays: retentionDays,
-            retention: try await queries.retention(days: max(1, retentionDays)), readServers: try await queries.readServers())
+            retention: try await queries.retention(days: max(1, retentionDays)), readServers: try await queries.readServers(),
+            historyMove: try await queries.historyMove(), historyMoveOn: historyMoveOn)
     }
 
     private func count(_ state: StatusQueries.ZoneStatus.State) -> Int {
@@ -117,6 +122,7 @@ struct StatusReport {
                     + "dates \(run.datesDone)/\(run.dates), \(run.removed) rows removed, created \(run.createdAt)"
                     + (run.finishedAt.map { ", finished \($0)" } ?? ""))
         }
+        lines.append(self.historyMoveLine)
         lines.append("")
         lines.append("users by formula version of their latest metrics:")
         lines.append(
@@ -155,6 +161,44 @@ struct StatusReport {
             + (behind < 7200
                 ? "caught up"
                 : "behind by " + (behind < 172_800 ? OperatorSession.duration(behind) : "\(Int(behind / 86400)) days"))
+    }
+
+    /// Where the history stands: in monthly partitions from the start, being moved there (how far), or moved.
+    var historyMoveLine: String {
+        guard let move = self.historyMove else { return "history: in monthly partitions (nothing to move)" }
+        let paused = self.historyMoveOn ? "" : " (METRICSD_HISTORY_MOVE=off here: other instances move it)"
+        switch move.state {
+        case .copying:
+            return "history move: copying \(move.source) into monthly partitions\(paused): \(move.monthsCopied) of "
+                + "\(move.months) months, \(move.rowsCopied) of ~\(move.rowsEstimate) rows "
+                + "(\(OperatorSession.percent(100 * move.copiedFraction))), \(move.logEntries) writes to replay; "
+                + "started \(move.createdAt)"
+        case .indexing:
+            return "history move: every month copied from \(move.source)\(paused); indexes built for "
+                + "\(move.monthsReady) of \(move.months) months, \(move.logEntries) writes to replay; started \(move.createdAt)"
+        case .swapped:
+            return "history move: dropping \(move.source), the \(move.months) months attached in its place\(self.swapLock)"
+        case .done:
+            return "history: moved into monthly partitions (\(move.rowsCopied) rows of \(move.source) in \(move.months) "
+                + "months, \(move.createdAt) to \(move.finishedAt.map { "\($0)" } ?? "-")\(self.swapLock))"
+        }
+    }
+
+    private var swapLock: String {
+        guard let milliseconds = self.historyMove?.swapLockMilliseconds else { return "" }
+        return "; the swap held its locks for \(Int(milliseconds.rounded())) ms"
+    }
+
+    var historyMoveJSON: String {
+        guard let move = self.historyMove else { return "null" }
+        return JSONWriter.object([
+            "source": .string(move.source), "state": .string(move.state.rawValue), "months": .int(Int64(move.months)),
+            "monthsCopied": .int(Int64(move.monthsCopied)), "monthsReady": .int(Int64(move.monthsReady)),
+            "rowsCopied": .int(move.rowsCopied), "rowsEstimate": .int(move.rowsEstimate),
+            "writesToReplay": .int(move.logEntries), "createdAt": .timestamp(move.createdAt),
+            "swapLockMilliseconds": move.swapLockMilliseconds.map { .double(($0 * 10).rounded() / 10) } ?? .null,
+            "finishedAt": move.finishedAt.map { .timestamp($0) } ?? .null, "enabledHere": .bool(self.historyMoveOn),
+        ])
     }
 
     var retentionJSON: String {
@@ -217,6 +261,7 @@ struct StatusReport {
                     .joined(separator: ",") + "]"),
             "recomputeJobs": .raw("[" + self.jobs.map(AdminController.json).joined(separator: ",") + "]"),
             "retention": .raw(self.retentionJSON),
+            "historyMove": .raw(self.historyMoveJSON),
             "readServers": .raw(
                 "["
                     + self.readServers.map { row in

@@ -72,6 +72,9 @@ public struct Configuration: Sendable {
     /// `METRICSD_RETENTION_DAYS`: metrics rows computed more than this many days ago are removed in the
     /// background (each user's newest row of each version stays); 0, the default, keeps everything.
     public var retentionDays: Int
+    /// `METRICSD_HISTORY_MOVE` (`on`, `off`), default `on`: this instance takes part in moving the history an
+    /// upgrade left in the old partition of `profile_metrics` into monthly partitions.
+    public var historyMove: Bool
     /// `METRICSD_SHUTDOWN_SECONDS`: how long SIGTERM waits for requests and the current batch, default 20
     /// (below the unit's `TimeoutStopSec=30s`).
     public var shutdownSeconds: Double
@@ -162,6 +165,9 @@ public struct Configuration: Sendable {
         self.tickSeconds = try reader.number("METRICSD_TICK_SECONDS")
         self.idlePollSeconds = try reader.number("METRICSD_IDLE_POLL_SECONDS")
         self.retentionDays = try reader.integer("METRICSD_RETENTION_DAYS")
+        self.historyMove = try reader.parse("METRICSD_HISTORY_MOVE", default: true, expected: "on or off") {
+            ["on": true, "off": false][$0.lowercased()]
+        }
         self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS")
         self.requestTimeoutSeconds = try reader.number("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
         self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")

@@ -4,6 +4,7 @@ import FoundationEssentials
 import Foundation
 #endif
 import Glibc
+import MetricsdHTTP
 
 /// The file descriptors `metricsd serve` may hold at once, against its open-file limit (`RLIMIT_NOFILE`).
 ///
@@ -39,6 +40,8 @@ public struct DescriptorBudget: Sendable, Equatable {
         if internalSockets > 0 {
             self.add("internal listener's connections (METRICSD_INTERNAL_MAX_CONNECTIONS)", configuration.internalMaxConnections)
         }
+        // A refused connection lingers until its client closes (at most a second), a few at a time per listener.
+        self.add("refused connections finishing", ConnectionLimit.lingeringRefusals * (internalSockets > 0 ? 2 : 1))
         self.add("database pool (METRICSD_DB_POOL_SIZE)", configuration.poolSize)
         self.add("settings listener session", 1)
         if readServers > 0 {

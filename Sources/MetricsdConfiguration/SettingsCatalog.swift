@@ -249,6 +249,10 @@ public enum SettingsCatalog {
             "METRICSD_RETENTION_DAYS", .schedule, .integer(0...36_500), default: "0",
             "Remove metrics rows computed more than this many days ago, in the background, shared by the instances that set it (0: keep everything). Each user keeps their newest row of each formula version, and a row goes only once a newer one is over 3 days old."
         ),
+        Setting(
+            "METRICSD_HISTORY_MOVE", .schedule, .choice(["on", "off"]), default: "on",
+            "Move the history an upgrade left in the old partition of profile_metrics into monthly partitions, in the background, shared by the instances that set it (it needs free disk space about the old partition's size until it ends; metricsd status shows how far it is). off: this instance leaves it for now, e.g. until a quiet hour."
+        ),
 
         Setting(
             "METRICSD_LOG_LEVEL", .logging, .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"]),

@@ -10,6 +10,19 @@ public struct Migration: Sendable, Hashable {
         self.name = name
         self.sql = sql
     }
+
+    /// The line that makes a migration run outside a transaction, statement by statement.
+    public static let outsideTransactionMarker = "-- metricsd:no-transaction"
+
+    /// Whether the file has ``outsideTransactionMarker`` as a line of its own: its statements run one by one, each
+    /// committed on its own (`MigrationScript`), for what PostgreSQL refuses inside a transaction, such as
+    /// `CREATE INDEX CONCURRENTLY`.
+    public var runsOutsideTransaction: Bool {
+        self.sql.split(whereSeparator: \.isNewline).contains { line in
+            line.drop(while: \.isWhitespace).reversed().drop(while: \.isWhitespace).reversed()
+                .elementsEqual(Self.outsideTransactionMarker)
+        }
+    }
 }
 
 /// Where the database's schema stands relative to this build.
@@ -37,15 +50,32 @@ public struct SchemaStatus: Sendable, Equatable {
 /// `metricsd_migrations`. A session advisory lock makes concurrent runs (several instances starting at once)
 /// take turns: the second finds everything applied and does nothing. A migration whose text changed after it was
 /// applied stops everything with an error naming it.
+///
+/// A migration marked ``Migration/outsideTransactionMarker`` runs statement by statement instead, each committed
+/// on its own (`MigrationScript` says how the file is split): for `CREATE INDEX CONCURRENTLY` and the like, which
+/// PostgreSQL refuses inside a transaction, on tables that must stay writable while they run. It is recorded only
+/// after its last statement, so a run that stops half-way (a crash, a failed statement) starts it again from its
+/// first statement next time: each statement must find what an earlier run already did and leave it (`IF NOT
+/// EXISTS`, a query that generates only what is missing, an invalid index from an interrupted build dropped
+/// first). A statement that gives up waiting for a lock (SQLSTATE 55P03, under a `lock_timeout` the statement
+/// sets itself) is tried again after a pause, so that a strong lock is never queued for long in front of other
+/// sessions. The lock that makes instances take turns is waited for by polling, never inside a statement: a
+/// statement waiting for it would hold a snapshot, which `CREATE INDEX CONCURRENTLY` in the instance holding the
+/// lock waits for (a deadlock).
 public struct Migrator: Sendable {
     /// The advisory lock key: `hashtext('metricsd.migrate')` would do too, but a constant is easy to look up in
     /// `pg_locks` (classid 0x6d657472 'metr', objid 0x69637364 'icsd').
     static let lockKey: Int64 = 0x6d65_7472_6963_7364
 
     public let migrations: [Migration]
+    /// How long to wait before trying a statement again that gave up waiting for a lock, and how many times.
+    let lockRetryPause: Duration
+    let lockRetries: Int
 
-    public init(migrations: [Migration] = Migration.all) {
+    public init(migrations: [Migration] = Migration.all, lockRetryPause: Duration = .seconds(2), lockRetries: Int = 150) {
         self.migrations = migrations
+        self.lockRetryPause = lockRetryPause
+        self.lockRetries = lockRetries
     }
 
     /// Reads which migrations are applied, without changing anything.
@@ -99,7 +129,7 @@ public struct Migrator: Sendable {
         let deadline = connection.statementDeadlineSeconds
         connection.statementDeadlineSeconds = nil
         defer { connection.statementDeadlineSeconds = deadline }
-        try connection.query("SELECT pg_advisory_lock($1)", [String(Self.lockKey)])
+        try self.takeTurn(on: connection, logger: logger)
         defer { _ = try? connection.query("SELECT pg_advisory_unlock($1)", [String(Self.lockKey)]) }
         try connection.execute(
             """
@@ -121,11 +151,16 @@ public struct Migrator: Sendable {
             beforeStep(name, index + 1, status.pending.count)
             logger.info("Applying migration", metadata: ["metricsd.migration": "\(name)"])
             do {
-                try connection.transaction { connection in
-                    try connection.execute(migration.sql)
-                    try connection.query(
-                        "INSERT INTO metricsd_migrations (name, checksum) VALUES ($1, encode(sha256(convert_to($2, 'UTF8')), 'hex'))",
-                        [migration.name, migration.sql])
+                if migration.runsOutsideTransaction {
+                    try self.applyStatementByStatement(migration, on: connection, logger: logger) {
+                        beforeStep(name, index + 1, status.pending.count)
+                    }
+                    try Self.record(migration, on: connection)
+                } else {
+                    try connection.transaction { connection in
+                        try connection.execute(migration.sql)
+                        try Self.record(migration, on: connection)
+                    }
                 }
             } catch let error as PostgresError {
                 throw MigrationError(.failed, "migration \(name) failed: \(error)")
@@ -142,6 +177,12 @@ public struct Migrator: Sendable {
         "0001_initial.sql": ["974ae9c9f53e61857966d5eb592423c464b7b9fe37c17987f13d0cbae9763269"],
         "0002_acknowledgements.sql": ["71d5aa71e3ad0c4cbc3d181fbc145db5ad28f27bdee6aa5ed15da9d1de422b38"],
     ]
+
+    private static func record(_ migration: Migration, on connection: PostgresConnection) throws {
+        try connection.query(
+            "INSERT INTO metricsd_migrations (name, checksum) VALUES ($1, encode(sha256(convert_to($2, 'UTF8')), 'hex'))",
+            [migration.name, migration.sql])
+    }
 
     static func checksum(_ sql: String, on connection: PostgresConnection) throws -> String {
         try connection.query("SELECT encode(sha256(convert_to($1, 'UTF8')), 'hex')", [sql]).requiredString(0, 0)

@@ -224,6 +224,12 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         value == value.rounded() ? String(Int(value)) : String(value)
     }
 
+    /// A way to cancel, from another thread, the statement this connection runs next (made here, on the
+    /// connection's own thread, as libpq requires). Nil when libpq cannot make one (out of memory).
+    public func makeCanceller() -> StatementCanceller? {
+        PQgetCancel(self.handle).map(StatementCanceller.init)
+    }
+
     /// `BEGIN` … `COMMIT`, or `ROLLBACK` when `body` throws (the error is rethrown).
     public func transaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
         try self.execute("BEGIN")
@@ -363,4 +369,22 @@ public final class WaitInterrupter: Sendable {
         close(self.readEnd)
         close(self.writeEnd)
     }
+}
+
+/// Asks the server to cancel the statement a connection is running (libpq's `PQcancel`, which may be called from any
+/// thread). The statement fails with SQLSTATE 57014 and the connection stays usable.
+public final class StatementCanceller: @unchecked Sendable {  // PGcancel is made for use from other threads
+    private let cancel: OpaquePointer
+
+    init(_ cancel: OpaquePointer) {
+        self.cancel = cancel
+    }
+
+    /// Blocking (it opens a connection of its own to the server): call it from a thread-pool thread.
+    public func cancelStatement() {
+        var buffer = [CChar](repeating: 0, count: 256)
+        _ = PQcancel(self.cancel, &buffer, Int32(buffer.count))
+    }
+
+    deinit { PQfreeCancel(self.cancel) }
 }

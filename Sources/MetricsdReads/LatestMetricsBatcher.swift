@@ -7,8 +7,8 @@ import Synchronization
 /// Coalesces concurrent latest-metrics reads into one statement per batch (`SQL.latestMetricsBatch`).
 ///
 /// Under load, requests for different users arrive faster than one statement per request can be sent. A batch of
-/// k users costs PostgreSQL one round trip, one executor start-up and k probes of the `(user_id, computed_at DESC)`
-/// index instead of k of each, and costs metricsd one hop to a pool thread instead of k. With little load every
+/// k users costs PostgreSQL one round trip, one executor start-up and k probes of `profile_metrics_latest`'s primary
+/// key instead of k of each, and costs metricsd one hop to a pool thread instead of k. With little load every
 /// batch holds one user, run by the request itself: the latency of a single statement, and no extra task.
 ///
 /// At most `maxRunners` batches run at once (the rest of the pool stays free for acknowledgements, on-demand

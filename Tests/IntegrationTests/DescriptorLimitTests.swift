@@ -4,6 +4,7 @@ import Glibc
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdCLI
+import MetricsdHTTP
 import MetricsdTestSupport
 import Testing
 
@@ -46,7 +47,7 @@ import Testing
             let line = lines.first ?? ""
             #expect(lines.count == 1 && line.hasPrefix("Error: configuration error: METRICSD_MAX_CONNECTIONS=\(Self.connections) needs "), "\(refused.log)")
             let needed = try #require(line.firstMatch(of: /needs ([0-9]+) file descriptors/).flatMap { Int($0.1) }, "\(line)")
-            #expect(needed == Self.connections + 2 + 1 + 1 + DescriptorBudget.reserve(), "\(line)")
+            #expect(needed == Self.connections + ConnectionLimit.lingeringRefusals + 2 + 1 + 1 + DescriptorBudget.reserve(), "\(line)")
             #expect(
                 line.hasSuffix("the open-file limit (RLIMIT_NOFILE) is 64: raise the hard limit (LimitNOFILE= in the unit) [config.open_files]"),
                 "\(line)")
@@ -111,13 +112,13 @@ import Testing
             "METRICSD_CREDSTORE": "/nonexistent", "METRICSD_JWT_SECRET_FILE": DaemonProcess.secrets.directory + "/jwt-secret",
             "METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())", "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x?connect_timeout=1",
         ]
-        let needed = 1024 + 8 + 1 + 1 + DescriptorBudget.reserve()
+        let needed = 1024 + ConnectionLimit.lingeringRefusals + 8 + 1 + 1 + DescriptorBudget.reserve()
         let tight = try await Subprocess.capture(
             Self.prlimit, ["--nofile=1024:1024", "--", try DaemonProcess.binary(), "check-config"], environment: environment)
         #expect(tight.status == 78)
         #expect(
             tight.stderr.contains(
-                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit) [config.open_files]\n"),
+                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + \(ConnectionLimit.lingeringRefusals) refused connections finishing + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit) [config.open_files]\n"),
             "\(tight.stderr)")
 
         let roomy = try await Subprocess.capture(

@@ -4,6 +4,7 @@ import Glibc
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdCLI
+import MetricsdHTTP
 import MetricsdTestSupport
 import Testing
 
@@ -193,8 +194,8 @@ import Testing
                     "METRICSD_INTERNAL_LISTEN": "127.0.0.1:\(internalPort)", "METRICSD_MAX_CONNECTIONS": "\(maxConnections)",
                     "METRICSD_DB_POOL_SIZE": "\(pool)",
                 ])
-            // Both listeners' connections, the pool, the settings listener's session, two listening sockets, the reserve.
-            let budget = maxConnections + internalLimit + pool + 1 + 2 + DescriptorBudget.reserve()
+            // Both listeners' connections and refusals finishing, the pool, the settings listener's session, two listening sockets, the reserve.
+            let budget = maxConnections + internalLimit + 2 * ConnectionLimit.lingeringRefusals + pool + 1 + 2 + DescriptorBudget.reserve()
             let daemon = try DaemonProcess(
                 environment: environment, port: port, launcher: [DescriptorLimitTests.prlimit, "--nofile=\(budget):\(budget)", "--"])
             try await daemon.waitUntilReady()

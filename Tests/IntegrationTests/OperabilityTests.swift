@@ -4,6 +4,7 @@ import HTTPTypes
 import HealthMetrics
 import HummingbirdTesting
 import MetricsdPostgres
+import MetricsdWork
 import Testing
 
 /// `/metrics` and `metricsd status`: what an operator sees at 00:30.
@@ -72,6 +73,103 @@ import Testing
             #expect(logged, "\(daemon.log.suffix(2000))")
             #expect(try await database.value(
                 "SELECT count(*) FROM profile_metrics_\(month.prefix(7).replacingOccurrences(of: "-", with: "_"))") == "0")
+        }
+    }
+
+    /// An upgraded install's history, moved by the daemons: `metricsd status` says how far the move is; an instance
+    /// with METRICSD_HISTORY_MOVE=off leaves it (and /metrics shows it waiting: active, nothing copied); an instance
+    /// at the default moves it to the end and says so in its log, and /metrics and `metricsd status` say it is done.
+    @Test func theDaemonMovesAnUpgradedHistory() async throws {
+        try await withCleanup(try await TestDatabase.upgradedInstall(users: 30, days: 100), cleanup: { await $0.drop() }) { database in
+            _ = try await database.migrate()
+            let source = try #require(try await database.value("SELECT source FROM history_move"))
+            let months = try #require(try await database.value("SELECT count(*) FROM history_move_months"))
+            let before = try DaemonProcess(arguments: ["status"], environment: ["DATABASE_URL": database.url])
+            #expect(await before.waitForExit() == 0)
+            #expect(before.log.contains("history move: copying \(source) into monthly partitions: 0 of \(months) months, 0 of ~3000 rows (0.0%)"),
+                    "\(before.log)")
+            let settings = ["METRICSD_TICK_SECONDS": "0.2"]
+
+            var port = DaemonProcess.freePort()
+            let off = try DaemonProcess(
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: settings.merging(["METRICSD_HISTORY_MOVE": "off"]) { $1 }),
+                port: port)
+            try await off.waitUntilReady()
+            var scraped: [String: Double] = [:]
+            let waiting = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                scraped = (try? await PrometheusScrape.scrape(off)) ?? [:]
+                return PrometheusScrape.value(scraped, "metricsd_history_move_active") == 1
+            }
+            #expect(waiting, "\(scraped)")
+            #expect(PrometheusScrape.value(scraped, "metricsd_history_move_rows", ["state": "estimated"]) == 3000)
+            #expect(PrometheusScrape.value(scraped, "metricsd_history_move_rows", ["state": "copied"]) == 0)
+            #expect(PrometheusScrape.value(scraped, "metricsd_history_move_writes_pending") == 0)
+            #expect(try await database.value("SELECT state FROM history_move") == "copying")
+            off.signal(SIGTERM)
+            #expect(await off.waitForExit() == 0)
+
+            port = DaemonProcess.freePort()
+            let daemon = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: settings), port: port)
+            try await daemon.waitUntilReady()
+            // Done, and a tick after it the gauges say so (they read 0 before the first tick).
+            let moved = await DaemonProcess.eventually(timeout: .seconds(60)) {
+                scraped = (try? await PrometheusScrape.scrape(daemon)) ?? [:]
+                return PrometheusScrape.value(scraped, "metricsd_history_move_rows", ["state": "copied"]) == 3000
+                    && PrometheusScrape.value(scraped, "metricsd_history_move_active") == 0
+            }
+            #expect(moved, "\(scraped)\n\(daemon.log.suffix(3000))")
+            #expect(try await database.value("SELECT state FROM history_move") == "done")
+            #expect(daemon.log.contains("History moved into monthly partitions"), "\(daemon.log.suffix(3000))")
+            #expect(PrometheusScrape.undocumentedFamilies(try await PrometheusScrape.scrapeText(daemon)) == [])
+            daemon.signal(SIGTERM)
+            #expect(await daemon.waitForExit() == 0)
+
+            let after = try DaemonProcess(arguments: ["status", "--json"], environment: ["DATABASE_URL": database.url])
+            #expect(await after.waitForExit() == 0)
+            let json = try #require(try JSONSerialization.jsonObject(with: Data(after.log.utf8)) as? [String: Any], "\(after.log)")
+            let move = try #require(json["historyMove"] as? [String: Any], "\(json)")
+            #expect(move["state"] as? String == "done")
+            #expect(move["rowsCopied"] as? Int == 3000)
+            #expect(move["source"] as? String == source)
+            #expect((move["swapLockMilliseconds"] as? Double ?? -1) >= 0, "\(move)")
+        }
+    }
+
+    /// A stop while the history move builds a month's index (here waiting on a transaction that holds the month's
+    /// table) does not wait for the build: the build is cancelled on the server and the daemon exits at once,
+    /// cleanly; the month is indexed later.
+    @Test func aStopDoesNotWaitForTheHistoryMovesIndexBuild() async throws {
+        try await withCleanup(try await TestDatabase.upgradedInstall(users: 20, days: 40), cleanup: { await $0.drop() }) { database in
+            _ = try await database.migrate()
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "test", logger: database.logger)
+            while try await database.value("SELECT state FROM history_move") == "copying" {
+                _ = try await queue.moveHistory(batchRows: 1000)
+            }
+            let month = try #require(try await database.value("SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
+            let blocker = PostgresPool(
+                settings: try ConnectionSettings(conninfo: database.url, environment: [:]), configuration: .init(size: 1),
+                logger: database.logger)
+            try await blocker.withConnection { try $0.execute("BEGIN; LOCK TABLE \(month) IN ROW EXCLUSIVE MODE") }
+            let port = DaemonProcess.freePort()
+            let daemon = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: port), port: port)
+            try await daemon.waitUntilReady()
+            let building = await DaemonProcess.eventually(timeout: .seconds(20)) {
+                (try? await database.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                    == "1"
+            }
+            #expect(building, "\(daemon.log.suffix(2000))")
+            let stopped = ContinuousClock.now
+            daemon.signal(SIGTERM)
+            #expect(await daemon.waitForExit(timeout: .seconds(15)) == 0, "\(daemon.log.suffix(2000))")
+            #expect(ContinuousClock.now - stopped < .seconds(10))
+            #expect(!daemon.log.contains("History move step failed"), "\(daemon.log.suffix(2000))")
+            try await blocker.withConnection { try $0.execute("ROLLBACK") }
+            await blocker.close()
+            #expect(try await database.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE %INDEX CONCURRENTLY%' AND state = 'active'") == "0")
         }
     }
 

@@ -12,14 +12,9 @@ import MetricsdWork
 /// covers goes into the default one and moves when its month's partition is made, and every write still keeps
 /// the keys, the foreign key and the latest table.
 @Suite struct PartitionTests {
-    /// Each partition of profile_metrics with its bound, in order: "name bound".
-    static let partitions = """
-        SELECT string_agg(c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid), E'\\n' ORDER BY c.relname)
-        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
-        """
-
     /// A history written before the migrations: the table becomes the partition of every date before the month
-    /// after next (the bound 0013 sets and 0014 proves), with its rows, file, ids, indexes and foreign key; the
+    /// after next (the bound 0013 sets and 0014 proves), then of every date up to its newest (0017 to 0019), with
+    /// its rows, file, ids, indexes and foreign key; the
     /// identity goes on after its last id; the months after it have partitions two months ahead; the latest table
     /// is kept as it was and kept up to date afterwards.
     @Test func theMigrationKeepsAnExistingHistoryInPlace() async throws {
@@ -39,19 +34,20 @@ import MetricsdWork
             """)
         let before = try await database.value(
             "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('profile_metrics') FROM profile_metrics")
-        let keptBefore = try await database.value(LatestTableTests.kept)
+        let keptBefore = try await database.value(HistoryQueries.kept)
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0013" }.map(\.name))
 
-        // The same rows, in the same file (attached, not copied), as the partition of every older date.
-        let month = try #require(try await database.value(
-            "SELECT to_char(date_trunc('month', (now() AT TIME ZONE 'Pacific/Kiritimati')::date) + interval '2 months', 'YYYY_MM')"))
-        let old = "profile_metrics_until_\(month)"
+        // The same rows, in the same file (attached, not copied), as the partition of every older date: closed
+        // after the newest one (today) by 0017 to 0019, which found it bound at the month after next.
+        let closedAt = try #require(try await database.value("SELECT ((now() AT TIME ZONE 'UTC')::date + 1)::text"))
+        let old = try #require(try await database.value(
+            "SELECT replace(metricsd_partition_name('\(closedAt)'), 'profile_metrics_', 'profile_metrics_until_')"))
         let (count, lastID, bmr, filenode) = try Self.four(before)
         #expect(try await database.value(
             "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('\(old)') FROM profile_metrics")
             == "\(count) \(lastID) \(bmr) \(filenode)")
-        let bounds = try #require(try await database.value(Self.partitions)).split(separator: "\n").map(String.init)
-        #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(month.replacingOccurrences(of: "_", with: "-"))-01')"), "\(bounds)")
+        let bounds = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n").map(String.init)
+        #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(closedAt)')"), "\(bounds)")
         #expect(bounds.contains("profile_metrics_default DEFAULT"), "\(bounds)")
         #expect(try await database.value(
             """
@@ -60,8 +56,8 @@ import MetricsdWork
             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
             """) == "t", "the partitions reach two months ahead: \(bounds)")
         #expect(try await database.value(
-            "SELECT count(*) FROM pg_constraint WHERE conname = 'profile_metrics_dates_before_partitions'") == "0",
-                "the bound's constraint, which the partition's range replaces, is gone")
+            "SELECT count(*) FROM pg_constraint WHERE conname IN ('profile_metrics_dates_before_partitions', 'profile_metrics_dates_before_bound')") == "0",
+                "the bounds' constraints, which the partition's range replaces, are gone")
         // Its indexes are the partitioned indexes' parts, valid; nothing is left unattached.
         #expect(try await database.value(
             """
@@ -69,7 +65,7 @@ import MetricsdWork
             WHERE i.indrelid = '\(old)'::regclass AND i.indisvalid
             """) == "2")
         #expect(try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0")
-        #expect(try await database.value(LatestTableTests.kept) == keptBefore)
+        #expect(try await database.value(HistoryQueries.kept) == keptBefore)
 
         // New rows: ids after the last, the latest table kept, the key and the foreign key enforced.
         let inserted = try await database.value(
@@ -79,7 +75,7 @@ import MetricsdWork
             """)
         #expect(Int(inserted ?? "") ?? 0 > Int(lastID) ?? .max)
         #expect(try await database.value("SELECT metrics_id FROM profile_metrics_latest WHERE user_id = 1") == inserted)
-        #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
         await #expect(throws: (any Error).self, "a second row of the same key") {
             try await database.execute(
                 """
@@ -93,7 +89,7 @@ import MetricsdWork
         }
         try await database.execute("DELETE FROM users WHERE id = 2")
         #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
-        #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
     }
 
     /// `addMonthlyPartitions` (start-up and hourly): the months up to two ahead, once, whatever the number of
@@ -201,7 +197,7 @@ import MetricsdWork
             try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(3)) AND metrics_date < \(month(4))")
             try await database.execute("VACUUM \(m3)")
             try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(5)) AND metrics_date < \(month(6))")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
             let m4Before = try await sizes(m4)
             let m5Before = try #require(try await sizes(m5))
             #expect(Int(m5Before.split(separator: " ")[0]) ?? 0 > 128 * 8192, "month 5's heap: \(m5Before)")
@@ -218,7 +214,7 @@ import MetricsdWork
             #expect(try await sizes(m4) == m4Before)
             #expect(try await database.value("SELECT count(*) FROM \(m4)") == "5600")
             #expect(try await sizes(m5) == m5Before, "month 5's heap is not read under the lock before VACUUM")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
             #expect(try await database.value("SELECT count(*) FROM profile_metrics_latest") == "200")
 
             // Once VACUUM has cut month 5's heap down, the next call truncates it too.
@@ -226,7 +222,7 @@ import MetricsdWork
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "1")
             #expect(try await sizes(m5) == "0 8192 8192 8192")
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0", "nothing left to give back")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
         }
     }
 

@@ -1,3 +1,4 @@
+import CoreFoundation
 import Glibc
 
 /// What `lstat` says of a path (the link itself, not what it points to); nil when it does not exist.

@@ -132,6 +132,29 @@ package struct TestDatabase: Sendable {
         return TestDatabase(name: name, url: url, pool: pool, logger: logger)
     }
 
+    /// A new database migrated with `migrations` only: the schema an install had before a later migration, to test
+    /// what that migration does to the rows it finds. ``migrate(_:)`` applies the rest.
+    package static func create(migrations: [Migration], poolSize: Int = 4) async throws -> TestDatabase {
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
+        try await Self.admin { try $0.execute("CREATE DATABASE \(name)") }
+        let url = Self.url(try Self.serverURL(), database: name)
+        let logger = Logger(label: "test")
+        let pool = PostgresPool(
+            settings: try ConnectionSettings(conninfo: url, environment: [:]),
+            configuration: .init(size: poolSize), logger: logger)
+        let database = TestDatabase(name: name, url: url, pool: pool, logger: logger)
+        _ = try await database.migrate(Migrator(migrations: migrations))
+        return database
+    }
+
+    /// Applies `migrator`'s pending migrations (by default every one this build has); returns their names.
+    package func migrate(_ migrator: Migrator = Migrator()) async throws -> [String] {
+        let logger = self.logger
+        return try await self.pool.withConnection { connection in
+            try migrator.migrate(on: connection, logger: logger)
+        }
+    }
+
     /// Closes the pool and drops the database.
     package func drop() async {
         await self.pool.close()

@@ -164,6 +164,13 @@ struct DaemonAssembly {
                     SettingsListener(
                         pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
+        if configuration.historyMove {
+            // Returns once there is nothing (left) to move.
+            services.append(
+                .init(
+                    service: Gated(after: self.listening, HistoryMover(queue: queue, logger: self.logger)),
+                    successTerminationBehavior: .ignore))
+        }
         if !internalSockets.isEmpty {
             let timeouts = self.timeouts
             services.append(

@@ -158,6 +158,17 @@ enum MetricCatalog {
         Entry(
             "metricsd_retention_behind_seconds", .gauge,
             "How far removal lags METRICSD_RETENTION_DAYS: the cutoff the setting asks for now minus the last finished run's (before the first, minus the oldest row's date). Only while retention is on."),
+
+        // The move of an upgraded install's history into monthly partitions
+        Entry(
+            "metricsd_history_move_active", .gauge,
+            "1 while the history an upgrade left in the old partition of profile_metrics is being moved into monthly partitions (copied, indexed, swapped in); 0 when done or there was nothing to move."),
+        Entry(
+            "metricsd_history_move_rows", .gauge, labels: ["state"],
+            "Rows of the history move: estimated (the old partition's rows when it began, as its statistics said) and copied so far, by every instance."),
+        Entry(
+            "metricsd_history_move_writes_pending", .gauge,
+            "Writes to the old partition's rows (retention, deleted users, late rows) logged during the move and not yet replayed into the monthly partitions."),
     ]
 
     static let byName: [String: Entry] = Dictionary(uniqueKeysWithValues: entries.map { ($0.name, $0) })

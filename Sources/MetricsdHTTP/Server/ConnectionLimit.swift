@@ -23,6 +23,11 @@ package final class ConnectionLimit: Sendable {
     }
 
     static let logInterval: UInt64 = 10_000_000_000
+    /// Refused connections that may linger at once (their 503 written, the client's bytes read until it closes, at
+    /// most a second each). Beyond them a refused connection is closed as soon as its 503 is written: a flood of
+    /// connections must never hold more descriptors than the budget counts (``ConnectionLimit/lingeringRefusals``
+    /// per listener), as a process out of descriptors fails wherever it next needs one.
+    package static let lingeringRefusals = 16
 
     let limit: Int
     private let settings: Settings
@@ -32,6 +37,8 @@ package final class ConnectionLimit: Sendable {
     private let refused = Atomic<Int>(0)
     /// When the last log line was written (`NIODeadline` uptime nanoseconds); 0 before the first.
     private let loggedAt = Atomic<UInt64>(0)
+    /// Refused connections lingering now.
+    private let lingering = Atomic<Int>(0)
 
     init(_ settings: Settings, logger: Logger) {
         self.limit = settings.maximum
@@ -49,6 +56,16 @@ package final class ConnectionLimit: Sendable {
             return false
         }
         channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
+        return true
+    }
+
+    /// Takes one of the ``lingeringRefusals`` slots for a refused connection until it closes; false when all are taken.
+    func lingers(_ channel: any Channel) -> Bool {
+        guard self.lingering.add(1, ordering: .relaxed).newValue <= Self.lingeringRefusals else {
+            self.lingering.subtract(1, ordering: .relaxed)
+            return false
+        }
+        channel.closeFuture.whenComplete { _ in self.lingering.subtract(1, ordering: .relaxed) }
         return true
     }
 
@@ -70,8 +87,10 @@ package final class ConnectionLimit: Sendable {
 }
 
 /// The whole pipeline of a connection over the limit: a `503` that says so (or, over TLS, nothing), then end of
-/// output. What the client sent is read and dropped until it closes, for at most a second: closing a socket with
-/// unread bytes would reset the connection, and the client could lose the 503 it was about to read.
+/// output. While fewer than ``ConnectionLimit/lingeringRefusals`` do so, what the client sent is read and dropped
+/// until it closes, for at most a second: closing a socket with unread bytes would reset the connection, and the
+/// client could lose the 503 it was about to read. Beyond them the connection is closed once the 503 is written (a
+/// client that sent nothing yet still reads it; one whose bytes arrive first may get a reset instead).
 final class ConnectionRefusal: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -86,14 +105,17 @@ final class ConnectionRefusal: ChannelDuplexHandler {
 
     private let deadline: TimeAmount
     private let sendsReply: Bool
+    private let limit: ConnectionLimit?
     private var refused = false
 
     /// - Parameters:
     ///   - deadline: the connection is closed after it (at most a second) whatever the client does.
     ///   - reply: whether to write the 503 (false over TLS: the connection just ends).
-    init(deadline: TimeAmount, reply: Bool = true) {
+    ///   - limit: whose lingering slots it takes (nil: it always lingers).
+    init(deadline: TimeAmount, reply: Bool = true, limit: ConnectionLimit? = nil) {
         self.deadline = min(deadline, .seconds(1))
         self.sendsReply = reply
+        self.limit = limit
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -119,11 +141,15 @@ final class ConnectionRefusal: ChannelDuplexHandler {
         guard !self.refused else { return }
         self.refused = true
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        context.eventLoop.scheduleTask(in: self.deadline) { bound.value.close(promise: nil) }
         guard self.sendsReply else {
             context.close(promise: nil)
             return
         }
+        guard self.limit?.lingers(context.channel) ?? true else {
+            context.writeAndFlush(self.wrapOutboundOut(Self.reply)).whenComplete { _ in bound.value.close(promise: nil) }
+            return
+        }
+        context.eventLoop.scheduleTask(in: self.deadline) { bound.value.close(promise: nil) }
         context.writeAndFlush(self.wrapOutboundOut(Self.reply)).flatMap {
             bound.value.close(mode: .output)
         }.whenFailure { _ in

@@ -69,7 +69,7 @@ package struct HTTPChannelSetup: Sendable {
                 // Over TLS a plain reply would be noise, and a handshake is work an overloaded server should not
                 // take on: the connection is closed at once.
                 try channel.pipeline.syncOperations.addHandler(
-                    ConnectionRefusal(deadline: self.timeouts.write, reply: self.tls == nil))
+                    ConnectionRefusal(deadline: self.timeouts.write, reply: self.tls == nil, limit: connections))
                 return Connection(channel: channel, worker: worker)
             }
             if let tls = self.tls {

@@ -35,7 +35,26 @@ extension SQL {
     /// Given users (`$3` array of ids; `$2` is NULL).
     package static let readUsersByID = readUsers(where: "u.id = ANY($3::bigint[])", order: "u.id", limit: nil)
 
+    /// The settings sweep: users whose settings changed after `$1` less `$4` minutes, oldest change first, at most
+    /// `$3`, who have neither a row of formula version `$2` computed after the change nor a skip record made after
+    /// it. The row is looked for through the read index `(user_id, computed_at DESC)`, from the user's newest entry
+    /// on: only entries newer than the change are read.
+    static let staleSettings = """
+        SELECT s.user_id, s.updated_at::text FROM user_settings s
+        WHERE s.updated_at > $1::timestamptz - make_interval(mins => $4)
+          AND NOT EXISTS (SELECT 1 FROM profile_metrics pm
+                          WHERE pm.user_id = s.user_id AND pm.version = $2 AND pm.computed_at > s.updated_at)
+          AND NOT EXISTS (SELECT 1 FROM metrics_skips k
+                          WHERE k.user_id = s.user_id AND k.recorded_at > s.updated_at)
+        ORDER BY s.updated_at LIMIT $3
+        """
+
     // MARK: Writing a batch
+
+    /// Rows of a batch left out of its insert because a row exists for their user, date and version.
+    enum Existing {
+        case any, sameValues
+    }
 
     /// How a batch's rows meet rows that already exist for the same user, date and version.
     package enum Conflict {
@@ -100,36 +119,25 @@ extension SQL {
             fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR b.user_id IN (SELECT id FROM in_zone))" : ""
         let skipStillInZone =
             fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR j.u IN (SELECT id FROM in_zone))" : ""
-        func insert(onlyNew: Bool) -> String {
-            let absent =
-                onlyNew
-                ? """
-                 AND NOT EXISTS (
-                      SELECT 1 FROM profile_metrics x
-                      WHERE x.user_id = b.user_id AND x.metrics_date = b.metrics_date AND x.version = $15)
-                """ : ""
-            return """
-                INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
-                  SELECT b.user_id, b.bmi, b.bmr, b.tdee, $15, b.metrics_date, b.stamp
-                  FROM batch b WHERE EXISTS (SELECT 1 FROM fence)\(stillInZone)\(absent)
-                  ORDER BY b.user_id
-                """
-        }
         let newComputedAt = "greatest(excluded.computed_at, pm.computed_at + interval '1 millisecond')"
         let written: String
         switch conflict {
         case .keep:
             written = """
                 written AS (
-                  \(insert(onlyNew: false))
+                  \(insertBatch(leavingOut: nil, also: stillInZone))
                   ON CONFLICT (user_id, metrics_date, version) DO NOTHING
                   RETURNING pm.user_id
                 )
                 """
         case .updateIfChanged:
+            // A row that already holds these values is left out before the upsert: ON CONFLICT DO UPDATE locks
+            // the row it meets even when its WHERE then leaves it, and a batch holding one user's row while
+            // waiting for another's (deleted by a transaction not committed yet) deadlocks with that transaction
+            // when it comes to the first row later. Only rows to change are locked.
             written = """
                 written AS (
-                  \(insert(onlyNew: false))
+                  \(insertBatch(leavingOut: .sameValues, also: stillInZone))
                   ON CONFLICT (user_id, metrics_date, version) DO UPDATE
                     SET bmi = excluded.bmi, bmr = excluded.bmr, tdee = excluded.tdee, computed_at = \(newComputedAt)
                     WHERE (pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (excluded.bmi, excluded.bmr, excluded.tdee)
@@ -153,7 +161,7 @@ extension SQL {
                   RETURNING pm.user_id
                 ),
                 inserted AS (
-                  \(insert(onlyNew: true))
+                  \(insertBatch(leavingOut: .any, also: stillInZone))
                   ON CONFLICT (user_id, metrics_date, version) DO NOTHING
                   RETURNING pm.user_id
                 ),
@@ -210,6 +218,26 @@ extension SQL {
               RETURNING 1
             )
             SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM written), (SELECT count(*) FROM skipped)
+            """
+    }
+
+    /// The batch's rows inserted in user order (the fence held, `condition` on `b` too), leaving out those whose
+    /// user, date and version have a row already (`.any`), or one holding the same values (`.sameValues`).
+    static func insertBatch(leavingOut existing: Existing?, also condition: String) -> String {
+        let same = existing == .sameValues ? " AND (x.bmi, x.bmr, x.tdee) = (b.bmi, b.bmr, b.tdee)" : ""
+        let absent =
+            existing == nil
+            ? ""
+            : """
+             AND NOT EXISTS (
+                  SELECT 1 FROM profile_metrics x
+                  WHERE x.user_id = b.user_id AND x.metrics_date = b.metrics_date AND x.version = $15\(same))
+            """
+        return """
+            INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
+              SELECT b.user_id, b.bmi, b.bmr, b.tdee, $15, b.metrics_date, b.stamp
+              FROM batch b WHERE EXISTS (SELECT 1 FROM fence)\(condition)\(absent)
+              ORDER BY b.user_id
             """
     }
 }

@@ -105,8 +105,8 @@ public struct RecomputeJobs: Sendable {
     /// the database does not know, as the workers read them) nor a skip verdict of this version for that date
     /// recorded after their settings last changed. The row is looked for per user (`OFFSET 0` keeps the subquery
     /// from becoming a join): the user's date is then known when it runs, so it probes the exactly-once key of
-    /// that date's partition only, where a join probed every partition's `(user_id, computed_at)` index and read
-    /// each user's whole history.
+    /// that date's partition only, where a join probed every partition's `(user_id, computed_at DESC)` index and
+    /// read each user's whole history.
     static let needsWork = """
         EXISTS (
           SELECT 1 FROM users u

@@ -63,9 +63,12 @@ extension SQL {
     /// by anything else: a time zone change removes rows dated after the user's current date). Rows are found
     /// through `profile_metrics_date_version_user_key`, where a date's rows lie together by formula version: the
     /// versions of the date are found by one probe each, each version's next users by a range scan, and the page is
-    /// the first of them by user id. The newer row is looked for first in the week of dates after the batch's (the
-    /// partitions of one or two months), where the next day's row of a user computed every day is; only when it is
-    /// not there, in every partition (a user who came back after a gap). Each through
+    /// the first of them by user id. The newer row is looked for first on the next day, through the same date-led
+    /// key: the batch's users are in id order, so their next-day entries lie together in a few leaves, and so do
+    /// their heap rows, written together (a probe of `profile_metrics_user_computed_at_idx` would read each user's
+    /// own leaf: once a partition holds more than half a year, a page per row removed, which out of memory is a
+    /// random read each). Then in the week of dates after the batch's (the partitions of one or two months), and
+    /// only then in every partition (a user who came back after a gap), through
     /// `profile_metrics_user_computed_at_idx`.
     /// Deleting takes only the removed rows' locks: no read or write of a current row waits on it. `$1` now, `$2`
     /// chunk id, `$3` owner, `$8` lease seconds.
@@ -110,9 +113,12 @@ extension SQL {
             AND pm.user_id <= coalesce((SELECT upto FROM edge), 9223372036854775807)
             AND pm.computed_at < (SELECT cutoff FROM retention_runs WHERE id = $7)
             AND (EXISTS (SELECT 1 FROM profile_metrics w
-                         WHERE w.metrics_date > $5::date AND w.metrics_date <= $5::date + 7
-                           AND w.user_id = pm.user_id AND w.computed_at > pm.computed_at
-                           AND w.computed_at < (SELECT now FROM clock) - interval '3 days' AND w.version = pm.version)
+                         WHERE w.metrics_date = $5::date + 1 AND w.version = pm.version AND w.user_id = pm.user_id
+                           AND w.computed_at > pm.computed_at AND w.computed_at < (SELECT now FROM clock) - interval '3 days')
+                 OR EXISTS (SELECT 1 FROM profile_metrics w
+                            WHERE w.metrics_date > $5::date AND w.metrics_date <= $5::date + 7
+                              AND w.user_id = pm.user_id AND w.computed_at > pm.computed_at
+                              AND w.computed_at < (SELECT now FROM clock) - interval '3 days' AND w.version = pm.version)
                  OR EXISTS (SELECT 1 FROM profile_metrics w
                             WHERE w.user_id = pm.user_id AND w.computed_at > pm.computed_at
                               AND w.computed_at < (SELECT now FROM clock) - interval '3 days' AND w.version = pm.version))

@@ -28,6 +28,10 @@ package final class OperatorMetrics: Sendable {
         label: "metricsd_work_leases_taken_over_total", dimensions: [("kind", "retention")])
     /// Only while retention is on: a 0 would read as "caught up".
     private let retentionBehind: Gauge?
+    private let historyMoveActive = Gauge(label: "metricsd_history_move_active")
+    private let historyMoveEstimated = Gauge(label: "metricsd_history_move_rows", dimensions: [("state", "estimated")])
+    private let historyMoveCopied = Gauge(label: "metricsd_history_move_rows", dimensions: [("state", "copied")])
+    private let historyMovePending = Gauge(label: "metricsd_history_move_writes_pending")
 
     /// The per-kind counters of the work vocabulary: examined = written + already current + skipped.
     private struct WorkSeries: Sendable {
@@ -72,6 +76,11 @@ package final class OperatorMetrics: Sendable {
         if let behind = self.retentionBehind {
             behind.record(try await self.status.retention(days: self.retentionDays).behindSeconds)
         }
+        let move = try await self.status.historyMove()
+        self.historyMoveActive.record(move.map { $0.state == .done ? 0 : 1 } ?? 0)
+        self.historyMoveEstimated.record(move?.rowsEstimate ?? 0)
+        self.historyMoveCopied.record(move?.rowsCopied ?? 0)
+        self.historyMovePending.record(move?.logEntries ?? 0)
     }
 
     private static func kind(_ chunk: ClaimedChunk) -> String {
