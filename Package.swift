@@ -193,8 +193,8 @@ let package = Package(
         .target(
             name: "MetricsdTestSupport",
             dependencies: [
-                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd",
-                "MetricsdWork", "NotifyTestSupport",
+                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdReads",
+                "MetricsdSystemd", "MetricsdWork", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -2,9 +2,11 @@ import MetricsdHTTP
 
 extension Configuration {
     /// `METRICSD_LISTEN` must be `host:port`: clients, the health check and `check-config` reach it over TCP.
-    static func publicListener(_ address: ListenAddress) throws(ConfigurationError) -> ListenAddress {
+    static func publicListener(_ reader: EnvironmentReader) throws(ConfigurationError) -> ListenAddress {
+        let expected = "host:port, e.g. \(SettingsCatalog.defaultListen)"
+        let address = try reader.parse("METRICSD_LISTEN", expected: expected) { ListenAddress(parsing: $0) }
         guard let path = address.unixPath else { return address }
-        throw ConfigurationError(.invalidValue, "METRICSD_LISTEN='unix:\(path)' is not valid: expected host:port, e.g. 127.0.0.1:8080")
+        throw ConfigurationError(.invalidValue, "METRICSD_LISTEN='unix:\(path)' is not valid: expected \(expected)")
     }
 
     /// `METRICSD_INTERNAL_LISTEN`, or its former name `METRICSD_METRICS_LISTEN` (not both).

@@ -110,29 +110,25 @@ public struct Configuration: Sendable {
         self.readMaxLagSeconds = try reader.number("METRICSD_READ_MAX_LAG_SECONDS")
         self.databasePassword = try Secrets.read(
             credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-        self.listen = try reader.parse("METRICSD_LISTEN", default: ListenAddress(host: "127.0.0.1", port: 8080)) {
-            ListenAddress(parsing: $0)
-        }
-        self.listen = try Self.publicListener(self.listen)
+        self.listen = try Self.publicListener(reader)
         self.internalListen = try Self.internalListener(reader)
         self.trustedProxies = try reader.parse(
             "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(), expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
         ) { TrustedProxies(parsing: $0) }
-        self.trustedProxies.header = try reader.parse(
-            "METRICSD_FORWARDED_HEADER", default: .xForwardedFor, expected: "x-forwarded-for or forwarded"
-        ) { ForwardedHeader(rawValue: $0.lowercased()) }
+        self.trustedProxies.header = try reader.parse("METRICSD_FORWARDED_HEADER", expected: "x-forwarded-for or forwarded") {
+            ForwardedHeader(rawValue: $0.lowercased())
+        }
         self.tls = try Self.tlsSettings(reader, environment: environment)
-        self.dailyAt = try reader.parse("METRICSD_DAILY_AT", default: .default, expected: "HH:MM, e.g. 00:05") {
+        self.dailyAt = try reader.parse("METRICSD_DAILY_AT", expected: "HH:MM, e.g. 00:05") {
             DailyTime(parsing: $0)
         }
         self.logLevel = try reader.parse(
-            "METRICSD_LOG_LEVEL", default: .info,
-            expected: "one of trace, debug, info, notice, warning, error, critical"
+            "METRICSD_LOG_LEVEL", expected: "one of trace, debug, info, notice, warning, error, critical"
         ) { Logger.Level(rawValue: $0.lowercased()) }
         self.logFormat = try reader.parseOptional("METRICSD_LOG_FORMAT", expected: "text, json or journal") {
             LogFormat(rawValue: $0.lowercased())
         }
-        self.requestLog = try reader.parse("METRICSD_REQUEST_LOG", default: .default, expected: "off, errors or all") {
+        self.requestLog = try reader.parse("METRICSD_REQUEST_LOG", expected: "off, errors or all") {
             RequestLogMode(rawValue: $0.lowercased())
         }
         self.tokens = try TokenConfiguration(environment: environment)
@@ -151,8 +147,10 @@ public struct Configuration: Sendable {
             }
         }
         self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE")
+        // The catalogue's default, or the pool size when the pool is smaller.
         self.readBatches = try reader.integer(
-            "METRICSD_READ_BATCHES", default: min(2, self.poolSize), range: 1...self.poolSize)
+            "METRICSD_READ_BATCHES", default: min(SettingsCatalog.integerDefault("METRICSD_READ_BATCHES"), self.poolSize),
+            range: 1...self.poolSize)
         self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
         self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
         self.statementDeadlineSeconds = try reader.number("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
@@ -231,16 +229,19 @@ struct EnvironmentReader {
         return value
     }
 
-    func parse<T>(
-        _ name: String, default value: T, expected: String = "host:port, e.g. 127.0.0.1:8080",
-        _ parse: (String) -> T?
-    ) throws(ConfigurationError) -> T {
+    func parse<T>(_ name: String, default value: T, expected: String, _ parse: (String) -> T?) throws(ConfigurationError) -> T {
         try self.parseOptional(name, expected: expected, parse) ?? value
     }
 
-    func parseOptional<T>(
-        _ name: String, expected: String = "host:port, e.g. 127.0.0.1:8080", _ parse: (String) -> T?
-    ) throws(ConfigurationError) -> T? {
+    /// A setting whose default is the catalogue's, read by the same parser as a value that is set.
+    func parse<T>(_ name: String, expected: String, _ parse: (String) -> T?) throws(ConfigurationError) -> T {
+        guard let text = SettingsCatalog.setting(name)?.defaultValue, let value = parse(text) else {
+            preconditionFailure("\(name) has no default in SettingsCatalog that its parser takes")
+        }
+        return try self.parse(name, default: value, expected: expected, parse)
+    }
+
+    func parseOptional<T>(_ name: String, expected: String, _ parse: (String) -> T?) throws(ConfigurationError) -> T? {
         guard let text = self[name] else { return nil }
         guard let value = parse(text) else {
             throw ConfigurationError(.invalidValue, "\(name)=\(Self.shown(text)) is not valid: expected \(expected)")

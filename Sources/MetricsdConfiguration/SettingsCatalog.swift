@@ -321,6 +321,23 @@ public enum SettingsCatalog {
 
     public static func setting(_ name: String) -> Setting? { self.all.first { $0.name == name } }
 
+    /// The default of a whole-number setting (what an unset setting reads as).
+    public static func integerDefault(_ name: String) -> Int {
+        guard let value = self.setting(name)?.defaultValue.flatMap({ Int($0) }) else {
+            preconditionFailure("\(name) is not a whole-number setting with a default in SettingsCatalog")
+        }
+        return value
+    }
+
+    /// `METRICSD_LISTEN`'s default, where the daemon is reached when that setting is not set (the health check,
+    /// `check-config`, the operator's commands).
+    public static var defaultListen: String {
+        guard let value = self.setting("METRICSD_LISTEN")?.defaultValue else {
+            preconditionFailure("METRICSD_LISTEN has no default in SettingsCatalog")
+        }
+        return value
+    }
+
     /// `METRICSD_*` variables of metricsd's own scripts and tests, which are no settings (the test database,
     /// PostgreSQL's binaries, the built binary, the fault-injecting test build's faults): prefixes, and whole names.
     /// Never reported as unknown settings.

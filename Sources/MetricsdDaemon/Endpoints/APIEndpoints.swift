@@ -16,7 +16,7 @@ public struct HTTPDependencies: Sendable {
     public var formula: MetricsFormula
     /// Serves `/metrics` on the API listener when set.
     public var prometheus: PrometheusCollectorRegistry?
-    /// Concurrent requests beyond which new ones get an immediate 503.
+    /// Concurrent requests beyond which new ones get an immediate 503 (`METRICSD_MAX_IN_FLIGHT`).
     public var maxInFlight: Int
     /// The request log (its mode changes on reload).
     public var requestLog: RequestLog
@@ -27,7 +27,7 @@ public struct HTTPDependencies: Sendable {
 
     public init(
         store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
-        prometheus: PrometheusCollectorRegistry?, maxInFlight: Int = 512, requestLog: RequestLog
+        prometheus: PrometheusCollectorRegistry?, maxInFlight: Int, requestLog: RequestLog
     ) {
         self.store = store
         self.jobs = jobs

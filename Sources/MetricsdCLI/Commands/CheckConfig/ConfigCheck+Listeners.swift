@@ -14,7 +14,7 @@ extension ConfigCheck {
                 await self.checkSocket("listen", unit: unit, text: text, address: address, tls: publicTLS, serviceActive: systemd.serviceActive)
             }
         } else {
-            let text = environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
+            let text = environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
             if let address = ListenAddress(parsing: text) { await self.checkListener("METRICSD_LISTEN", address, tls: publicTLS) }
         }
         if !(environment["METRICSD_METRICS_LISTEN"] ?? "").isEmpty {
