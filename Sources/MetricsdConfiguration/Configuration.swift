@@ -47,7 +47,7 @@ public struct Configuration: Sendable {
     /// `DATABASE_URL`.
     public var readDatabaseURL: String?
     /// `METRICSD_READ_MAX_LAG_SECONDS`, default 5: a read server further behind the primary is not read from.
-    public var readMaxLagSeconds: Double
+    public var readMaxLag: Duration
     /// `METRICSD_DB_POOL_SIZE`, default 8.
     public var poolSize: Int
     /// `METRICSD_READ_BATCHES`: latest-metrics reads run as at most this many batched statements at once
@@ -55,20 +55,20 @@ public struct Configuration: Sendable {
     /// next batch.
     public var readBatches: Int
     /// `METRICSD_DB_ACQUIRE_TIMEOUT_MS`: how long a request waits for a free connection before a 503. Default 2000.
-    public var acquireTimeoutMilliseconds: Int
+    public var acquireTimeout: Duration
     /// `METRICSD_DB_SESSION_MAX_AGE`: seconds a pooled database session is used before it is replaced by a new
     /// one, default 600. PostgreSQL sessions keep a time zone's rules once loaded, so this bounds how long the
     /// daemon follows old rules after a tz database update on the server.
-    public var sessionMaxAgeSeconds: Double
+    public var sessionMaxAge: Duration
     /// `METRICSD_WORKERS`: chunks this instance works on at once, default 2.
     public var workers: Int
     /// `METRICSD_BATCH_SIZE` (users per transaction, default 1000), `METRICSD_CHUNK_SIZE` (users per claim,
     /// default 5000), `METRICSD_LEASE_SECONDS` (default 60).
     public var work: WorkQueue.Configuration
     /// `METRICSD_TICK_SECONDS`: how often the scheduler asks which zones are due, default 60 (aligned to the minute).
-    public var tickSeconds: Double
+    public var tick: Duration
     /// `METRICSD_IDLE_POLL_SECONDS`: how often idle workers look for work queued by others, default 2.
-    public var idlePollSeconds: Double
+    public var idlePoll: Duration
     /// `METRICSD_RETENTION_DAYS`: metrics rows computed more than this many days ago are removed in the
     /// background (each user's newest row of each version stays); 0, the default, keeps everything.
     public var retentionDays: Int
@@ -77,14 +77,14 @@ public struct Configuration: Sendable {
     public var historyMove: Bool
     /// `METRICSD_SHUTDOWN_SECONDS`: how long SIGTERM waits for requests and the current batch, default 20
     /// (below the unit's `TimeoutStopSec=30s`).
-    public var shutdownSeconds: Double
+    public var shutdown: Duration
     /// `METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS`: a request's head and body must each arrive within this, default 10.
-    public var requestTimeoutSeconds: Double
+    public var requestTimeout: Duration
     /// `METRICSD_HTTP_IDLE_TIMEOUT_SECONDS`: an idle keep-alive connection is closed after this, default 60.
-    public var idleTimeoutSeconds: Double
+    public var idleTimeout: Duration
     /// `METRICSD_HTTP_WRITE_TIMEOUT_SECONDS`: a reply the client does not take within this closes the
     /// connection, default 10.
-    public var writeTimeoutSeconds: Double
+    public var writeTimeout: Duration
     /// `METRICSD_MAX_CONNECTIONS`: open HTTP connections accepted at once, default 1024.
     public var maxConnections: Int
     /// `METRICSD_INTERNAL_MAX_CONNECTIONS`: open connections accepted at once on the internal listener, default 64
@@ -97,7 +97,7 @@ public struct Configuration: Sendable {
     public var maxInFlight: Int
     /// `METRICSD_DB_STATEMENT_DEADLINE_SECONDS`: how long one database statement may go without an answer before
     /// it is cancelled and its connection dropped (default 30; migrations have no limit).
-    public var statementDeadlineSeconds: Double
+    public var statementDeadline: Duration
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
 
@@ -107,7 +107,7 @@ public struct Configuration: Sendable {
         let reader = EnvironmentReader(environment)
         self.databaseURL = reader["DATABASE_URL"] ?? ""
         self.readDatabaseURL = reader["METRICSD_READ_DATABASE_URL"]
-        self.readMaxLagSeconds = try reader.number("METRICSD_READ_MAX_LAG_SECONDS")
+        self.readMaxLag = try reader.duration("METRICSD_READ_MAX_LAG_SECONDS")
         self.databasePassword = try Secrets.read(
             credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         self.listen = try Self.publicListener(reader)
@@ -151,25 +151,25 @@ public struct Configuration: Sendable {
         self.readBatches = try reader.integer(
             "METRICSD_READ_BATCHES", default: min(SettingsCatalog.integerDefault("METRICSD_READ_BATCHES"), self.poolSize),
             range: 1...self.poolSize)
-        self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
-        self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
-        self.statementDeadlineSeconds = try reader.number("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
+        self.acquireTimeout = .milliseconds(try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS"))
+        self.sessionMaxAge = try reader.duration("METRICSD_DB_SESSION_MAX_AGE")
+        self.statementDeadline = try reader.duration("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
         work.chunkSize = try reader.integer("METRICSD_CHUNK_SIZE")
         work.leaseSeconds = try reader.number("METRICSD_LEASE_SECONDS")
         self.work = work
-        self.tickSeconds = try reader.number("METRICSD_TICK_SECONDS")
-        self.idlePollSeconds = try reader.number("METRICSD_IDLE_POLL_SECONDS")
+        self.tick = try reader.duration("METRICSD_TICK_SECONDS")
+        self.idlePoll = try reader.duration("METRICSD_IDLE_POLL_SECONDS")
         self.retentionDays = try reader.integer("METRICSD_RETENTION_DAYS")
         self.historyMove = try reader.parse("METRICSD_HISTORY_MOVE", default: true, expected: "on or off") {
             ["on": true, "off": false][$0.lowercased()]
         }
-        self.shutdownSeconds = try reader.number("METRICSD_SHUTDOWN_SECONDS")
-        self.requestTimeoutSeconds = try reader.number("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
-        self.idleTimeoutSeconds = try reader.number("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
-        self.writeTimeoutSeconds = try reader.number("METRICSD_HTTP_WRITE_TIMEOUT_SECONDS")
+        self.shutdown = try reader.duration("METRICSD_SHUTDOWN_SECONDS")
+        self.requestTimeout = try reader.duration("METRICSD_HTTP_REQUEST_TIMEOUT_SECONDS")
+        self.idleTimeout = try reader.duration("METRICSD_HTTP_IDLE_TIMEOUT_SECONDS")
+        self.writeTimeout = try reader.duration("METRICSD_HTTP_WRITE_TIMEOUT_SECONDS")
         self.maxConnections = try reader.integer("METRICSD_MAX_CONNECTIONS")
         self.internalMaxConnections = try reader.integer("METRICSD_INTERNAL_MAX_CONNECTIONS")
         self.maxInFlight = try reader.integer(
@@ -185,7 +185,7 @@ public struct Configuration: Sendable {
         do {
             var settings = try ConnectionSettings(
                 conninfo: self.databaseURL, password: self.databasePassword, environment: environment)
-            settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            settings.statementDeadlineSeconds = self.statementDeadline.seconds
             return settings
         } catch {
             throw ConfigurationError(.databaseURLInvalid, error.message)
@@ -201,7 +201,7 @@ extension Configuration {
             var settings = try ConnectionSettings(
                 conninfo: url, password: self.databasePassword, environment: environment,
                 setting: "METRICSD_READ_DATABASE_URL")
-            settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            settings.statementDeadlineSeconds = self.statementDeadline.seconds
             return try settings.readServers()
         } catch {
             throw ConfigurationError(.readDatabaseURLInvalid, error.message)
@@ -212,9 +212,14 @@ extension Configuration {
     /// run at once), the pool's wait and session age.
     public var readReplicasConfiguration: ReadReplicas.Configuration {
         ReadReplicas.Configuration(
-            maxLag: .milliseconds(Int64(self.readMaxLagSeconds * 1000)), poolSize: self.readBatches,
-            acquireTimeout: .milliseconds(Int64(self.acquireTimeoutMilliseconds)),
-            maxSessionAge: .milliseconds(Int64(self.sessionMaxAgeSeconds * 1000)))
+            maxLag: self.readMaxLag, poolSize: self.readBatches, acquireTimeout: TimeAmount(self.acquireTimeout),
+            maxSessionAge: self.sessionMaxAge)
+    }
+
+    /// The primary's pool: `METRICSD_DB_POOL_SIZE` connections, the wait for one, the age of a session.
+    public var poolConfiguration: PostgresPool.Configuration {
+        PostgresPool.Configuration(
+            size: self.poolSize, acquireTimeout: TimeAmount(self.acquireTimeout), maxSessionAge: self.sessionMaxAge)
     }
 }
 
@@ -257,6 +262,11 @@ struct EnvironmentReader {
         return try self.integer(name, default: value, range: range)
     }
 
+    /// A setting in seconds with the catalog's default and range, as a duration.
+    func duration(_ name: String) throws(ConfigurationError) -> Duration {
+        .milliseconds(Int64((try self.number(name) * 1000).rounded()))
+    }
+
     /// A number setting with the catalog's default and range.
     func number(_ name: String) throws(ConfigurationError) -> Double {
         guard let setting = SettingsCatalog.setting(name), case .number(let range) = setting.kind,
@@ -283,4 +293,9 @@ struct EnvironmentReader {
         let masked = SecretPatterns.apply(text)
         return "'" + (masked.count > 60 ? String(masked.prefix(60)) + "…" : masked) + "'"
     }
+}
+
+extension Duration {
+    /// In seconds, fractions included (for the driver's deadlines and log lines, which count in seconds).
+    package var seconds: Double { Double(self.components.seconds) + Double(self.components.attoseconds) / 1e18 }
 }

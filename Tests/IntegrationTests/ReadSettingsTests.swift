@@ -59,7 +59,7 @@ import Testing
             "\(check.stderr)")
         let base = ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48), "METRICSD_READ_MAX_LAG_SECONDS": value]
         #expect(throws: ConfigurationError.self) { try Configuration(environment: base) }
-        #expect(try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).readMaxLagSeconds == 5)
+        #expect(try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).readMaxLag == .seconds(5))
     }
 
     /// A `METRICSD_*` variable that is no setting (a typo, or a setting of a newer build) is named at start and by

@@ -112,22 +112,19 @@ public enum Daemon {
         }
         let pool = PostgresPool(
             settings: settings,
-            configuration: .init(
-                size: configuration.poolSize, acquireTimeout: .milliseconds(Int64(configuration.acquireTimeoutMilliseconds)),
-                maxSessionAge: .milliseconds(Int64(configuration.sessionMaxAgeSeconds * 1000))),
-            logger: logger)
+            configuration: configuration.poolConfiguration, logger: logger)
         let replicas =
             readServers.isEmpty
             ? nil
             : ReadReplicas(
                 primary: pool, servers: readServers, configuration: configuration.readReplicasConfiguration,
-                statementDeadlineSeconds: configuration.statementDeadlineSeconds, logger: logger)
+                statementDeadlineSeconds: configuration.statementDeadline.seconds, logger: logger)
         if let replicas {
             logger.info(
                 "Latest reads on read servers",
                 metadata: [
                     "metricsd.read_servers": "\(readServers.map(\.label).joined(separator: ","))",
-                    "metricsd.read_max_lag_s": "\(configuration.readMaxLagSeconds)",
+                    "metricsd.read_max_lag_s": "\(configuration.readMaxLag.seconds)",
                     "metricsd.read_probe_interval_s": "\(replicas.probeIntervalSeconds)",
                 ])
         }

@@ -98,8 +98,8 @@ struct DaemonAssembly {
             .record(1)
 
         var schedulerConfiguration = Scheduler.Configuration()
-        schedulerConfiguration.tick = .milliseconds(Int64(configuration.tickSeconds * 1000))
-        schedulerConfiguration.idlePoll = .milliseconds(Int64(configuration.idlePollSeconds * 1000))
+        schedulerConfiguration.tick = configuration.tick
+        schedulerConfiguration.idlePoll = configuration.idlePoll
         schedulerConfiguration.workers = configuration.workers
         schedulerConfiguration.retentionDays = configuration.retentionDays
         schedulerConfiguration.beforeTick = self.hooks.beforeTick
@@ -190,7 +190,7 @@ struct DaemonAssembly {
 
         var groupConfiguration = ServiceGroupConfiguration(
             services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: self.logger)
-        groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(configuration.shutdownSeconds * 1000))
+        groupConfiguration.maximumGracefulShutdownDuration = configuration.shutdown
         groupConfiguration.maximumCancellationDuration = .seconds(5)
         return ServiceGroup(configuration: groupConfiguration)
     }
@@ -214,9 +214,8 @@ struct DaemonAssembly {
 
     var timeouts: (request: TimeAmount, idle: TimeAmount, write: TimeAmount) {
         (
-            .milliseconds(Int64(self.configuration.requestTimeoutSeconds * 1000)),
-            .milliseconds(Int64(self.configuration.idleTimeoutSeconds * 1000)),
-            .milliseconds(Int64(self.configuration.writeTimeoutSeconds * 1000))
+            TimeAmount(self.configuration.requestTimeout), TimeAmount(self.configuration.idleTimeout),
+            TimeAmount(self.configuration.writeTimeout)
         )
     }
 
