@@ -42,8 +42,11 @@ public struct OperatorSession: Sendable {
     public static func run(_ body: (OperatorSession) async throws -> Void) async throws {
         let environment: [String: String]
         let configuration: Configuration
+        let host: HostEnvironment
+        let processEnvironment = ProcessInfo.processInfo.environment
         do {
-            environment = try ConfigFile.merge(into: HostEnvironment(ProcessInfo.processInfo.environment).environment)
+            host = try HostEnvironment(processEnvironment)
+            environment = try ConfigFile.merge(into: host.environment)
             configuration = try Configuration(environment: environment)
         } catch {
             throw Failure("configuration error: \(error)", code: error.errorCode)
@@ -67,13 +70,24 @@ public struct OperatorSession: Sendable {
         } catch let error as PostgresError {
             await pool.close()
             switch error.code {
-            case .connectionFailed: throw Failure("cannot connect to the database: \(error.message)", code: error.errorCode)
+            case .connectionFailed:
+                let origin = host.origin(of: "DATABASE_URL", environment: processEnvironment, merged: environment)
+                throw Failure(Self.connectionFailure(error.message, databaseURLOrigin: origin), code: error.errorCode)
             default: throw Failure("database error: \(error)", code: error.errorCode)
             }
         } catch {
             await pool.close()
             throw error
         }
+    }
+
+    /// A failed connection in words that say what to change: which `DATABASE_URL` was used, where it came from,
+    /// and where a checkout's demo database is.
+    static func connectionFailure(_ message: String, databaseURLOrigin origin: String) -> String {
+        let reason = ConfigCheck.oneLine(message)
+        return "cannot connect to the database: \(reason) (DATABASE_URL is \(origin): set it to metricsd's "
+            + "database, exported or in \(HostEnvironment.defaultEnvironmentFile); for a checkout's demo, the export "
+            + "lines scripts/run prints)"
     }
 
     // MARK: migrate

@@ -88,6 +88,13 @@ struct StatusReport {
         lines.append(
             "daily units (\(self.zones.count) zones): done \(self.count(.done)), running \(self.count(.running)), pending \(self.count(.pending) + self.count(.missing)), overdue \(self.count(.overdue))"
         )
+        let late = self.zones.compactMap { zone in zone.finishedLateSeconds.map { (zone, $0) } }
+            .sorted { $0.1 > $1.1 }.prefix(5)
+        if !late.isEmpty {
+            lines.append(
+                "  latest done after their due instant: "
+                    + late.map { "\($0.0.timezone) \(OperatorSession.duration($0.1))" }.joined(separator: ", "))
+        }
         let notDone = self.zones.filter { $0.state != .done }
         if !notDone.isEmpty {
             lines.append(
@@ -235,6 +242,7 @@ struct StatusReport {
                 "usersSkipped": .int(Int64(zone.usersSkipped)),
                 "runningBy": .raw(JSONWriter.array(zone.runningBy.map { .string($0) })),
                 "overdueSeconds": .double((zone.overdueSeconds * 10).rounded() / 10),
+                "finishedLateSeconds": zone.finishedLateSeconds.map { .double(($0 * 10).rounded() / 10) } ?? .null,
             ])
         }
         return JSONWriter.object([

@@ -115,6 +115,23 @@ public struct HostEnvironment: Sendable {
         self.environment = environment
     }
 
+    /// Where a setting's value came from, in words for an error message: `environment` is the process
+    /// environment, `merged` the configuration read from it (this host environment with `METRICSD_CONFIG_FILE`
+    /// on top).
+    public func origin(of name: String, environment: [String: String], merged: [String: String]) -> String {
+        if merged[name] != nil, merged[name] != self.environment[name] {
+            return "from METRICSD_CONFIG_FILE (\(self.environment["METRICSD_CONFIG_FILE"] ?? "?"))"
+        }
+        if self.settingsFromFile.contains(name), let file = self.settingsFile {
+            return "from \(file)"
+        }
+        if environment[name] != nil {
+            return self.underSystemd ? "from the unit's environment" : "from the environment"
+        }
+        let file = self.settingsFile ?? "\(Self.defaultEnvironmentFile), which does not exist here"
+        return "not set in the environment nor in \(file)"
+    }
+
     /// The directory part of a path ("" for a bare name, "/" for a file at the root), as Foundation's
     /// `deletingLastPathComponent` gives it.
     package static func directory(of path: String) -> String {

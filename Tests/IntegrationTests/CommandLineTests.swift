@@ -131,6 +131,12 @@ import Testing
             #expect(overridden.status == 1)
             #expect(overridden.stderr.hasPrefix("Error: cannot connect to the database: "), "\(overridden.stderr)")
             #expect(overridden.stderr.hasSuffix(" [database.connection_failed]\n"), "\(overridden.stderr)")
+            // The error says which DATABASE_URL was used and where it came from: here the exported one wins.
+            #expect(overridden.stderr.contains("DATABASE_URL is from the environment"), "\(overridden.stderr)")
+            try ScratchFiles.write("DATABASE_URL=postgresql://127.0.0.1:1/none?connect_timeout=2\n", to: files.envFile)
+            let fromFile = try await Self.metricsd(["status"], files.environment)
+            #expect(fromFile.status == 1)
+            #expect(fromFile.stderr.contains("DATABASE_URL is from \(files.envFile):"), "\(fromFile.stderr)")
 
             try ScratchFiles.write("DATABASE_URL=\(database.url)\nMETRICSD_WORKERS 3\n", to: files.envFile)
             let bad = try await Self.metricsd(["status"], files.environment)

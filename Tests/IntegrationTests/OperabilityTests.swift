@@ -211,6 +211,15 @@ import Testing
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_unit_delay_seconds_count") == 1)
             #expect(delaySum > sinceMidnight - 120 && delaySum <= sinceMidnight + 1, "delay \(delaySum) s, midnight \(sinceMidnight) s ago")
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_units_completed_total") == 1)
+            // Each row written is one observation of its lateness, under the zone's UTC offset: 295 rows of UTC
+            // users, each committed about the time since midnight after its due instant.
+            let lateness = ["utc_offset": "+00:00"]
+            #expect(PrometheusScrape.value(scraped, "metricsd_daily_lateness_seconds_count", lateness) == 295)
+            let latenessSum = try #require(PrometheusScrape.value(scraped, "metricsd_daily_lateness_seconds_sum", lateness))
+            #expect(
+                latenessSum > 295 * (sinceMidnight - 120) && latenessSum <= 295 * (sinceMidnight + 1),
+                "lateness \(latenessSum / 295) s per row, midnight \(sinceMidnight) s ago")
+            #expect(!scraped.keys.contains { $0.hasPrefix("metricsd_daily_lateness_seconds") && $0.contains("unknown") })
             #expect(PrometheusScrape.value(scraped, "metricsd_build_info", ["formula_version": "1"]) == 1)
             #expect(PrometheusScrape.value(scraped, "metricsd_db_pool_connections", ["state": "open"]) != nil)
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_oldest_overdue_unit_age_seconds") != nil)

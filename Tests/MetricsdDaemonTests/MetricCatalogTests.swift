@@ -6,6 +6,7 @@ import Testing
 
 @testable import MetricsdDaemon
 @testable import MetricsdHTTP
+@testable import MetricsdWork
 
 /// `/metrics` by convention: every family has `# HELP` and `# TYPE`, base units, `_total` counters, and every
 /// name the code records is documented in `MetricCatalog`.
@@ -33,6 +34,15 @@ import Testing
             #expect(text.contains("# HELP \(entry.name) \(entry.help)\n"), "\(entry.name)")
             #expect(text.contains("# TYPE \(entry.name) \(entry.kind.rawValue)\n"), "\(entry.name)")
         }
+    }
+
+    /// The lateness histogram's label: the zone's UTC offset at the due instant, signed, hours and minutes.
+    @Test(arguments: [
+        (0, "+00:00"), (20_700, "+05:45"), (-12_600, "-03:30"), (50_400, "+14:00"), (-43_200, "-12:00"),
+        (45_900, "+12:45"), (-1_800, "-00:30"),
+    ])
+    func utcOffsetLabels(seconds: Int, label: String) {
+        #expect(OperatorMetrics.utcOffsetLabel(seconds) == label)
     }
 
     @Test func aNameMissingFromTheCatalogueIsReported() {

@@ -111,6 +111,9 @@ enum MetricCatalog {
             "metricsd_daily_unit_duration_seconds", .histogram, buckets: unitBuckets,
             "Time from a daily unit's first claim to its end, for the units this instance finished."),
         Entry(
+            "metricsd_daily_lateness_seconds", .histogram, labels: ["utc_offset"], buckets: unitBuckets,
+            "Time from each user's due instant (the local daily time on their date) to the commit of their row, one observation per row this instance's daily units wrote, by the zone's UTC offset at that instant (+05:45)."),
+        Entry(
             "metricsd_daily_unit_delay_seconds", .histogram, buckets: unitBuckets,
             "Time from a zone's due instant (local daily time) to the end of its unit, for the units this instance finished."),
 

@@ -18,6 +18,11 @@ public struct ClaimedChunk: Sendable, Hashable {
     /// The instance whose lease on this chunk had expired while it was running (it crashed or stalled), when
     /// that was another instance; nil for a fresh chunk, a retry after a failure, or one handed back on shutdown.
     public let takenOverFrom: String?
+    /// A daily chunk's due instant (its unit's local daily time on its date, as seconds since the epoch on the
+    /// database's clock) and its zone's UTC offset at that instant, in seconds; nil for recompute chunks, and the
+    /// offset nil for a zone the database does not know.
+    public let dueEpochSeconds: Double?
+    public let utcOffsetSeconds: Int?
 
     init(_ result: PostgresResult, row: Int) throws(PostgresError) {
         self.id = try result.int(row, 0)
@@ -37,6 +42,8 @@ public struct ClaimedChunk: Sendable, Hashable {
         self.cursor = try result.int(row, 8)
         self.attempts = Int(try result.int(row, 9))
         self.takenOverFrom = result.string(row, 10)
+        self.dueEpochSeconds = result.string(row, 12).flatMap(Double.init)
+        self.utcOffsetSeconds = result.string(row, 13).flatMap(Int.init)
     }
 
     var conflict: SQL.Conflict {

@@ -99,9 +99,15 @@ extension SQL {
           FROM claimed c WHERE c.kind = 'retention' AND r.id = c.retention_run_id AND r.state = 'pending'
           RETURNING 1
         )
-        SELECT id, kind, timezone, local_date::text, version, job_id, range_start, range_end, cursor_user_id, attempts,
-               taken_over_from, retention_run_id
-        FROM claimed
+        SELECT c.id, c.kind, c.timezone, c.local_date::text, c.version, c.job_id, c.range_start, c.range_end,
+               c.cursor_user_id, c.attempts, c.taken_over_from, c.retention_run_id,
+               extract(epoch FROM coalesce(u.due_at, u.created_at))::float8,
+               CASE WHEN u.timezone_known
+                    THEN extract(epoch FROM (coalesce(u.due_at, u.created_at) AT TIME ZONE u.timezone)
+                                          - (coalesce(u.due_at, u.created_at) AT TIME ZONE 'UTC'))::int END
+        FROM claimed c
+        LEFT JOIN daily_units u ON c.kind = 'daily' AND u.timezone = c.timezone AND u.local_date = c.local_date
+                                AND u.version = c.version
         """
 
     /// Gives a chunk back at once (graceful stop): pending again, so a peer may claim it on its next tick, and

@@ -46,6 +46,8 @@ public struct Scheduler: Service {
     /// How far the database's wall clock is ahead of this host's, in seconds, as last measured: the minute ticks are
     /// aligned to the database's minutes, on whose clock units fall due.
     private let databaseClockOffset = ReadMostly<Double>(0)
+    /// Whether the first tick has made the lateness histograms of the offsets in use.
+    private let latenessRegistered = ReadMostly<Bool>(false)
 
     package init(
         queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
@@ -163,6 +165,10 @@ public struct Scheduler: Service {
             if refreshTimezones { try await self.queue.refreshKnownTimezones() }
             guard try await self.alignToDatabaseMinute() else { return }
             let dailyAt = self.dailyAt.value
+            if !self.latenessRegistered.value {
+                try await self.reporter.registerLateness(dailyAt: dailyAt)
+                self.latenessRegistered.value = true
+            }
             let units = try await self.queue.enqueueDueUnits(dailyAt: dailyAt)
             for unit in units {
                 self.logger.info(
@@ -281,8 +287,20 @@ public struct Scheduler: Service {
     private func compute(_ chunk: ClaimedChunk) async throws {
         let started = ContinuousClock.now
         let liveness = self.liveness
+        let reporter = self.reporter
+        let clockOffset = self.databaseClockOffset.value
+        let writtenSoFar = Mutex(0)
         let progress = try await self.queue.process(
-            chunk, shouldStop: { Task.isShuttingDownGracefully }, afterBatch: { _ in liveness.beat() })
+            chunk, shouldStop: { Task.isShuttingDownGracefully },
+            afterBatch: { progress in
+                liveness.beat()
+                guard let due = chunk.dueEpochSeconds else { return }
+                let written = writtenSoFar.withLock { previous in
+                    defer { previous = progress.written }
+                    return progress.written - previous
+                }
+                reporter.recordLateness(chunk, written: written, lateness: Self.epochSeconds() + clockOffset - due)
+            })
         self.reporter.recordChunk(chunk, progress: progress, duration: ContinuousClock.now - started)
         switch progress.end {
         case .finished:
@@ -313,6 +331,11 @@ public struct Scheduler: Service {
             metadata["metricsd.duration.seconds"] = "\((seconds * 1000).rounded() / 1000)"
             self.logger.info("Recompute job \(id) done: \(counts.summary)", metadata: metadata)
         }
+    }
+
+    /// This host's wall clock, in seconds since the epoch.
+    static func epochSeconds() -> Double {
+        Date().timeIntervalSince1970
     }
 
     static func metadata(_ counts: WorkCounts) -> Logger.Metadata {

@@ -65,6 +65,7 @@ package final class OperatorMetrics: Sendable {
         let overview = try await self.status.overview(dailyAt: dailyAt, version: self.version)
         self.oldestOverdue.record(overview.oldestOverdueSeconds)
         self.usersWaiting.record(overview.usersWaiting)
+        self.registerLateness(overview.utcOffsets)
         self.unitsDone.record(overview.unitsDone)
         self.unitsRunning.record(overview.unitsRunning)
         self.unitsPending.record(overview.unitsPending)
@@ -134,6 +135,38 @@ package final class OperatorMetrics: Sendable {
     func recordFailure(_ work: ClaimedWork?) {
         let kind = work.map(Self.kind) ?? "claim"
         Counter(label: "metricsd_work_failures_total", dimensions: [("kind", kind)]).increment()
+    }
+
+    /// The lateness of the rows a daily chunk's batch just committed: `written` rows, committed `lateness`
+    /// seconds after their due instant, labelled by the zone's UTC offset (a bounded label: about 40 offsets
+    /// exist). One observation per row, so the histogram counts users, not batches.
+    func recordLateness(_ chunk: ClaimedChunk, written: Int, lateness: Double) {
+        guard written > 0, case .daily = chunk.kind else { return }
+        let offset = chunk.utcOffsetSeconds.map(Self.utcOffsetLabel) ?? "unknown"
+        let timer = Timer(label: "metricsd_daily_lateness_seconds", dimensions: [("utc_offset", offset)])
+        let nanoseconds = Int64(max(0, lateness) * 1e9)
+        for _ in 0..<written { timer.recordNanoseconds(nanoseconds) }
+    }
+
+    /// Makes the lateness histogram of each offset exist before its first row: a series that appears with its
+    /// first observations already counted shows no increase over any range.
+    func registerLateness(_ utcOffsets: [Int]) {
+        for offset in utcOffsets {
+            _ = Timer(label: "metricsd_daily_lateness_seconds", dimensions: [("utc_offset", Self.utcOffsetLabel(offset))])
+        }
+    }
+
+    /// Registers the lateness histograms of the offsets in use (the first tick does it before any unit is created:
+    /// the refresh after the work comes too late for the first units).
+    func registerLateness(dailyAt: DailyTime) async throws {
+        self.registerLateness(try await self.status.overview(dailyAt: dailyAt, version: self.version).utcOffsets)
+    }
+
+    /// `+05:45`, `-03:30`, `+00:00`.
+    static func utcOffsetLabel(_ seconds: Int) -> String {
+        let minutes = abs(seconds) / 60
+        let hours = minutes / 60, rest = minutes % 60
+        return (seconds < 0 ? "-" : "+") + (hours < 10 ? "0" : "") + "\(hours):" + (rest < 10 ? "0" : "") + "\(rest)"
     }
 
     func recordFinished(_ finished: WorkQueue.Finished) {

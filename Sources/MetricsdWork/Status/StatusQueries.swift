@@ -21,6 +21,8 @@ public struct StatusQueries: Sendable {
         /// Users past their zone's due instant who have neither a row nor a skip verdict for that date yet: the
         /// users of zones whose unit is missing, plus those of unfinished units not examined yet.
         public var usersWaiting: Int = 0
+        /// The UTC offsets, in seconds, of the known zones in use at their current due instants.
+        public var utcOffsets: [Int] = []
     }
 
     public func overview(dailyAt: DailyTime, version: Int, now: Timestamp? = nil) async throws -> Overview {
@@ -42,7 +44,11 @@ public struct StatusQueries: Sendable {
                            WHERE c.kind = 'daily' AND c.timezone = u.timezone AND c.local_date = u.local_date
                              AND c.version = u.version), 0))
                          ELSE (SELECT count(*) FROM users x WHERE x.timezone = da.timezone)
-                       END), 0)
+                       END), 0),
+                       coalesce(array_to_string(array_agg(DISTINCT
+                         CASE WHEN da.known THEN extract(epoch FROM (da.due_at AT TIME ZONE da.timezone)
+                                                             - (da.due_at AT TIME ZONE 'UTC'))::int END)
+                         FILTER (WHERE da.known), ','), '')
                 FROM due_at da
                 LEFT JOIN daily_units u ON u.timezone = da.timezone AND u.local_date = da.due_date AND u.version = $3
                 """, [now?.iso8601, dailyAt.description, String(version)])
@@ -50,7 +56,8 @@ public struct StatusQueries: Sendable {
                 oldestOverdueSeconds: max(0, Double(try result.requiredString(0, 0)) ?? 0),
                 unitsDone: Int(try result.int(0, 1)), unitsRunning: Int(try result.int(0, 2)),
                 unitsPending: Int(try result.int(0, 3)), unitsMissing: Int(try result.int(0, 4)),
-                usersWaiting: Int(try result.int(0, 5)))
+                usersWaiting: Int(try result.int(0, 5)),
+                utcOffsets: (result.string(0, 6) ?? "").split(separator: ",").compactMap { Int($0) })
         }
     }
 
@@ -71,6 +78,8 @@ public struct StatusQueries: Sendable {
         public let runningBy: [String]
         /// Seconds since it fell due while not done; 0 when done.
         public let overdueSeconds: Double
+        /// For a done unit: seconds from its due instant to its end (how late its last users' rows came).
+        public var finishedLateSeconds: Double? = nil
     }
 
     /// Every zone in use, with its current unit. A unit not done and not progressing under a live lease
@@ -87,12 +96,13 @@ public struct StatusQueries: Sendable {
                        coalesce(sum(c.users_skipped), 0),
                        coalesce(array_to_string(array_agg(DISTINCT c.lease_owner)
                          FILTER (WHERE c.state = 'running' AND c.lease_until > (SELECT now FROM clock)), ','), ''),
-                       extract(epoch FROM (SELECT now FROM clock) - da.due_at)::float8
+                       extract(epoch FROM (SELECT now FROM clock) - da.due_at)::float8,
+                       extract(epoch FROM u.finished_at - da.due_at)::float8
                 FROM due_at da
                 LEFT JOIN daily_units u ON u.timezone = da.timezone AND u.local_date = da.due_date AND u.version = $3
                 LEFT JOIN work_chunks c ON c.kind = 'daily' AND c.timezone = u.timezone AND c.local_date = u.local_date
                                        AND c.version = u.version
-                GROUP BY da.timezone, da.known, da.due_date, da.due_at, u.state, u.users_total
+                GROUP BY da.timezone, da.known, da.due_date, da.due_at, u.state, u.users_total, u.finished_at
                 ORDER BY da.timezone
                 """, [now?.iso8601, dailyAt.description, String(version)])
             return try (0..<result.rowCount).map { row in
@@ -115,7 +125,8 @@ public struct StatusQueries: Sendable {
                     dueAt: Timestamp(millisecondsSinceEpoch: try result.int(row, 3)), state: state,
                     usersTotal: Int(try result.int(row, 5)), usersDone: Int(try result.int(row, 6)),
                     usersSkipped: Int(try result.int(row, 7)), runningBy: runningBy,
-                    overdueSeconds: state == .done ? 0 : max(0, age))
+                    overdueSeconds: state == .done ? 0 : max(0, age),
+                    finishedLateSeconds: state == .done ? result.string(row, 10).flatMap(Double.init) : nil)
             }
         }
     }
