@@ -46,7 +46,8 @@ let package = Package(
         // The one masking rule for passwords and secrets in any text metricsd shows. No dependencies.
         .target(name: "MetricsdMasking", swiftSettings: swiftSettings),
 
-        // Adapters.
+        // The libpq driver alone: connections, the pool, results, errors, connection settings (the connection rules)
+        // and the migrator with the embedded migrations.
         .target(
             name: "MetricsdPostgres",
             dependencies: [
@@ -79,6 +80,34 @@ let package = Package(
             name: "EmbedResourcesPlugin", capability: .buildTool(), dependencies: ["ResourceEmbedder"],
             path: "Sources/EmbedResourcesPlugin"),
 
+        // The daily work, each piece with its SQL: the schedule (due rule, scheduler service), claiming, batches,
+        // recompute-all, retention and partitions, settings changes, and the work's status.
+        .target(
+            name: "MetricsdWork",
+            dependencies: [
+                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
+        // Serving reads: the store behind the API (latest read, computation on request, acknowledgements,
+        // readiness), the batched latest read and the read servers.
+        .target(
+            name: "MetricsdReads",
+            dependencies: [
+                "HealthMetrics", "MetricsdPostgres", "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
         // The HTTP server: listeners (bound, or from systemd), connection handling, the dispatch table, reply encoding, token checks.
         // Knows nothing of PostgreSQL or of metricsd's endpoints.
         .target(
@@ -98,11 +127,25 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
-        // The daemon: its endpoints, the scheduler and the other services, start-up, reload and shutdown.
+        // Configuration: the settings catalogue, settings files, credentials, and the typed configuration.
+        .target(
+            name: "MetricsdConfiguration",
+            dependencies: [
+                "HealthMetrics", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd",
+                "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
+        // The daemon: built from the configuration (the composition root), reload, lifecycle, its own services and
+        // its endpoints with the OpenAPI document.
         .target(
             name: "MetricsdDaemon",
             dependencies: [
-                "HealthMetrics", "MetricsdBuildStamp", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdBuildStamp", "MetricsdConfiguration", "MetricsdHTTP", "MetricsdPostgres",
+                "MetricsdReads", "MetricsdSystemd", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -117,11 +160,12 @@ let package = Package(
             plugins: ["EmbedResourcesPlugin"]
         ),
 
-        // Configuration (the settings catalogue, files, credentials) and the command line.
+        // The command line: every command and its output.
         .target(
             name: "MetricsdCLI",
             dependencies: [
-                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdMasking",
+                "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd", "MetricsdWork",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -136,8 +180,11 @@ let package = Package(
         // Thin executable.
         .executableTarget(name: "metricsd", dependencies: ["MetricsdCLI"], swiftSettings: swiftSettings),
 
-        // One test target per library module. The PostgreSQL, daemon and CLI suites run against the real server that
-        // scripts/test starts (and the built binary); the HTTP suites need no database.
+        // Tests split as the code is. Unit targets need no database and run in seconds (HealthMetricsTests,
+        // MetricsdMaskingTests, MetricsdSystemdTests, MetricsdHTTPTests, MetricsdConfigurationTests, MetricsdCLITests,
+        // MetricsdDaemonTests); database targets run against the real server scripts/test starts and fail without it
+        // (MetricsdPostgresTests, MetricsdWorkTests, MetricsdReadsTests); IntegrationTests drive the built binary and
+        // the HTTP API against real PostgreSQL; FaultTests hold the long fault-injection, failover and standby suites.
         .testTarget(name: "HealthMetricsTests", dependencies: ["HealthMetrics"], swiftSettings: swiftSettings),
         .testTarget(name: "MetricsdMaskingTests", dependencies: ["MetricsdMasking"], swiftSettings: swiftSettings),
         // The service manager's side of sd_notify, shared by the test targets.
@@ -146,7 +193,8 @@ let package = Package(
         .target(
             name: "MetricsdTestSupport",
             dependencies: [
-                "HealthMetrics", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd", "NotifyTestSupport",
+                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdReads",
+                "MetricsdSystemd", "MetricsdWork", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -161,22 +209,11 @@ let package = Package(
         ),
         // metricsd with faults injected through its test seams (METRICSD_FAULTS), for the fault-injection suites.
         .executableTarget(
-            name: "metricsd-faults", dependencies: ["MetricsdCLI", "MetricsdPostgres"], path: "Tests/FaultInjectingDaemon",
-            swiftSettings: swiftSettings),
+            name: "metricsd-faults", dependencies: ["MetricsdCLI", "MetricsdDaemon", "MetricsdPostgres", "MetricsdWork"],
+            path: "Tests/FaultInjectingDaemon", swiftSettings: swiftSettings),
         .testTarget(
             name: "MetricsdSystemdTests",
             dependencies: ["MetricsdSystemd", "NotifyTestSupport", .product(name: "Logging", package: "swift-log")],
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "MetricsdPostgresTests",
-            dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdTestSupport",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-            ],
-            exclude: ["Fixtures"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
@@ -192,10 +229,63 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "MetricsdConfigurationTests",
+            dependencies: ["MetricsdConfiguration", "MetricsdHTTP", "MetricsdTestSupport"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdCLITests",
+            dependencies: ["MetricsdCLI", "MetricsdHTTP"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "MetricsdDaemonTests",
             dependencies: [
-                "HealthMetrics", "MetricsdCLI", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdSystemd", "MetricsdTestSupport",
-                "NotifyTestSupport",
+                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "MetricsdReads", "MetricsdSystemd", "MetricsdTestSupport", "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdPostgresTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdPostgres", "MetricsdTestSupport", "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdWorkTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdPostgres", "MetricsdReads", "MetricsdTestSupport", "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            exclude: ["Fixtures"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "MetricsdReadsTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdTestSupport", "MetricsdWork",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: [
+                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "MetricsdReads", "MetricsdSystemd", "MetricsdTestSupport", "MetricsdWork", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -212,11 +302,13 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
-            name: "MetricsdCLITests",
+            name: "FaultTests",
             dependencies: [
-                "MetricsdCLI", "MetricsdPostgres", "MetricsdTestSupport",
+                "HealthMetrics", "MetricsdPostgres", "MetricsdTestSupport", "MetricsdWork",
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -1,3 +1,5 @@
+import MetricsdConfiguration
+import MetricsdWork
 import MetricsdDaemon
 import MetricsdHTTP
 #if canImport(FoundationEssentials)
@@ -313,7 +315,7 @@ public struct OperatorSession: Sendable {
             return 1
         }
         let tls = (environment["METRICSD_TLS"] ?? "off").lowercased()
-        var text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8080"
+        var text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
         // It speaks plain HTTP: with TLS on the public listener, the internal one answers (when it is plain TCP).
         if address == nil && (tls == "public" || tls == "both") {
             let internalAddress = environment["METRICSD_INTERNAL_LISTEN"].flatMap { ListenAddress(parsing: $0) }

@@ -1,3 +1,5 @@
+import MetricsdReads
+import MetricsdWork
 import MetricsdDaemon
 import MetricsdHTTP
 #if canImport(FoundationEssentials)

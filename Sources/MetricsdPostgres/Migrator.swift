@@ -37,6 +37,13 @@ public struct SchemaStatus: Sendable, Equatable {
     public let latestApplied: String?
 
     public var isCurrent: Bool { self.pending.isEmpty && self.changed.isEmpty }
+
+    package init(pending: [String], unknown: [String], changed: [String], latestApplied: String?) {
+        self.pending = pending
+        self.unknown = unknown
+        self.changed = changed
+        self.latestApplied = latestApplied
+    }
 }
 
 /// Applies `migrations/` in order, each in its own transaction, recorded with its checksum in

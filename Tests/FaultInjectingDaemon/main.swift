@@ -1,5 +1,6 @@
 import Foundation
 import MetricsdCLI
+import MetricsdDaemon
 import MetricsdPostgres
 
 // `metricsd` with faults injected through the daemon's test seams (`DaemonHooks`), for the fault-injection tests.

@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 import MetricsdCLI
 import Foundation
 import HealthMetrics

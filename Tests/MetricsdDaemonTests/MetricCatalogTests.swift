@@ -6,6 +6,7 @@ import Testing
 
 @testable import MetricsdDaemon
 @testable import MetricsdHTTP
+@testable import MetricsdWork
 
 /// `/metrics` by convention: every family has `# HELP` and `# TYPE`, base units, `_total` counters, and every
 /// name the code records is documented in `MetricCatalog`.
@@ -28,7 +29,7 @@ import Testing
 
     @Test func everySeriesHasHelpAndType() throws {
         let text = Self.exposition()
-        #expect(OperabilityTests.undocumentedFamilies(text) == [])
+        #expect(PrometheusScrape.undocumentedFamilies(text) == [])
         for entry in MetricCatalog.entries {
             #expect(text.contains("# HELP \(entry.name) \(entry.help)\n"), "\(entry.name)")
             #expect(text.contains("# TYPE \(entry.name) \(entry.kind.rawValue)\n"), "\(entry.name)")
@@ -47,7 +48,7 @@ import Testing
     @Test func aNameMissingFromTheCatalogueIsReported() {
         let registry = PrometheusCollectorRegistry()
         CoreMetrics.Counter(label: "metricsd_not_documented_total", factory: DocumentedMetricsFactory(registry: registry)).increment()
-        #expect(OperabilityTests.undocumentedFamilies(registry.emitToString()) == ["metricsd_not_documented_total: no # HELP"])
+        #expect(PrometheusScrape.undocumentedFamilies(registry.emitToString()) == ["metricsd_not_documented_total: no # HELP"])
     }
 
     @Test func namesFollowTheConventions() {

@@ -16,12 +16,12 @@ import Testing
     /// the daily unit's upsert over existing rows; deletes of users (the cascade) and their return.
     @Test func bulkStatementsOfRandomShapesKeepEachUsersNewestRow() async throws {
         try await withTestDatabase { database in
-            try await database.execute(Self.seed(users: 400))
+            try await database.execute(HistoryQueries.seed(users: 400))
             var random = SplitMix64(seed: 20_261_128)  // seeded: a failing sequence replays
             var (emptied, replaced) = (0, 0)
             for step in 0..<60 {
                 let sql = Self.statement(step, &random)
-                let before = try await database.value(LatestTableTests.kept)
+                let before = try await database.value(HistoryQueries.kept)
                 do {
                     try await database.execute(sql)
                 } catch let error as PostgresError where error.sqlState == "23505" {
@@ -30,7 +30,7 @@ import Testing
                 try await LatestTableTests.expectInStep(database, after: "step \(step): \(sql)")
                 let users = Int(try await database.value("SELECT count(*) FROM profile_metrics_latest") ?? "") ?? 0
                 if users < 400 { emptied += 1 }
-                if try await database.value(LatestTableTests.kept) != before { replaced += 1 }
+                if try await database.value(HistoryQueries.kept) != before { replaced += 1 }
             }
             // The statements changed kept rows, and left users without any row at times.
             #expect(replaced >= 30 && emptied >= 5, "replaced \(replaced), emptied \(emptied)")
@@ -41,7 +41,7 @@ import Testing
     /// lock another session holds on user 150's kept row, it holds every kept row below 150 and none above.
     @Test func aBulkStatementLocksKeptRowsInAscendingUserOrder() async throws {
         try await withTestDatabase { database in
-            try await database.execute(Self.seed(users: 300))
+            try await database.execute(HistoryQueries.seed(users: 300))
             let settings = try ConnectionSettings(conninfo: database.url, environment: [:])
             let holder = try PostgresConnection(settings: settings)
             try holder.execute("BEGIN; SELECT 1 FROM profile_metrics_latest WHERE user_id = 150 FOR UPDATE;")
@@ -74,23 +74,6 @@ import Testing
             try await removal.value
             try await LatestTableTests.expectInStep(database, after: "the bulk delete")
         }
-    }
-
-    /// `users` users (1…users), each with 12 rows from a month ago to three months ahead (monthly partitions made for
-    /// them), formula versions 1 to 3, `computed_at` from the date's start plus a few minutes (equal ones now and
-    /// then), written as the daily units would: day by day, users by id.
-    static func seed(users: Int) -> String {
-        """
-        SELECT metricsd_add_partitions((current_date + interval '5 months')::date);
-        INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, \(users)) g;
-        INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
-        SELECT u, 20 + (u * d) % 90 / 10.0, 1400 + (u * 7 + d) % 600, 1800 + (u * 13 + d) % 1200, 1 + (u + d) % 3,
-               current_date - 30 + d * 9,
-               (current_date - 30 + d * 9)::timestamptz + interval '5 minutes' * ((u * d) % 4)
-        FROM generate_series(0, 11) d CROSS JOIN generate_series(1, \(users)) u
-        ORDER BY d, u;
-        ANALYZE profile_metrics;
-        """
     }
 
     /// Deletes the newest row of every user the condition (on `l`, the kept row) picks.

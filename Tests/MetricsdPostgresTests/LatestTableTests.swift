@@ -10,21 +10,11 @@ import Testing
 /// it holds each user's newest row (latest `computed_at`, the greater id between equal ones) and nothing else.
 /// (That the read probes only this table: `LatestMetricsTests.latestQueryUsesTheIndex`.)
 @Suite struct LatestTableTests {
-    /// Each user's newest history row, as the kept table must hold it: "user id|row id|values…" per user.
-    static let fromHistory = """
-        SELECT string_agg(concat_ws('|', user_id, id, bmi, bmr, tdee, version, metrics_date, computed_at), ';' ORDER BY user_id)
-        FROM (SELECT DISTINCT ON (user_id) * FROM profile_metrics ORDER BY user_id, computed_at DESC, id DESC) n
-        """
-    static let kept = """
-        SELECT string_agg(concat_ws('|', user_id, metrics_id, bmi, bmr, tdee, version, metrics_date, computed_at), ';' ORDER BY user_id)
-        FROM profile_metrics_latest
-        """
-
     static func expectInStep(_ database: TestDatabase, after step: String, sourceLocation: SourceLocation = #_sourceLocation)
         async throws
     {
-        let history = try await database.value(Self.fromHistory)
-        let kept = try await database.value(Self.kept)
+        let history = try await database.value(HistoryQueries.fromHistory)
+        let kept = try await database.value(HistoryQueries.kept)
         #expect(kept == history, "after \(step)", sourceLocation: sourceLocation)
     }
 
@@ -193,7 +183,7 @@ import Testing
         }
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0012" }.map(\.name))
         let (history, kept, count, tie) = try await TestDatabase.blocking.runIfActive {
-            (try value(Self.fromHistory), try value(Self.kept), try value("SELECT count(*) FROM profile_metrics_latest"),
+            (try value(HistoryQueries.fromHistory), try value(HistoryQueries.kept), try value("SELECT count(*) FROM profile_metrics_latest"),
              try value("SELECT bmi FROM profile_metrics_latest WHERE user_id = 7"))
         }
         #expect(count == "250")

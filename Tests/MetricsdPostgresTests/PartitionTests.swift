@@ -5,18 +5,13 @@ import MetricsdTestSupport
 import Testing
 
 @testable import MetricsdPostgres
+import MetricsdWork
 
 /// `profile_metrics` partitioned by month of `metrics_date`: an existing history becomes the partition of every
 /// older date without being copied, later months get partitions of their own ahead of time, a date no partition
 /// covers goes into the default one and moves when its month's partition is made, and every write still keeps
 /// the keys, the foreign key and the latest table.
 @Suite struct PartitionTests {
-    /// Each partition of profile_metrics with its bound, in order: "name bound".
-    static let partitions = """
-        SELECT string_agg(c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid), E'\\n' ORDER BY c.relname)
-        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
-        """
-
     /// A history written before the migrations: the table becomes the partition of every date before the month
     /// after next (the bound 0013 sets and 0014 proves), then of every date up to its newest (0017 to 0019), with
     /// its rows, file, ids, indexes and foreign key; the
@@ -39,7 +34,7 @@ import Testing
             """)
         let before = try await database.value(
             "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('profile_metrics') FROM profile_metrics")
-        let keptBefore = try await database.value(LatestTableTests.kept)
+        let keptBefore = try await database.value(HistoryQueries.kept)
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0013" }.map(\.name))
 
         // The same rows, in the same file (attached, not copied), as the partition of every older date: closed
@@ -51,7 +46,7 @@ import Testing
         #expect(try await database.value(
             "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('\(old)') FROM profile_metrics")
             == "\(count) \(lastID) \(bmr) \(filenode)")
-        let bounds = try #require(try await database.value(Self.partitions)).split(separator: "\n").map(String.init)
+        let bounds = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n").map(String.init)
         #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(closedAt)')"), "\(bounds)")
         #expect(bounds.contains("profile_metrics_default DEFAULT"), "\(bounds)")
         #expect(try await database.value(
@@ -70,7 +65,7 @@ import Testing
             WHERE i.indrelid = '\(old)'::regclass AND i.indisvalid
             """) == "2")
         #expect(try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0")
-        #expect(try await database.value(LatestTableTests.kept) == keptBefore)
+        #expect(try await database.value(HistoryQueries.kept) == keptBefore)
 
         // New rows: ids after the last, the latest table kept, the key and the foreign key enforced.
         let inserted = try await database.value(
@@ -80,7 +75,7 @@ import Testing
             """)
         #expect(Int(inserted ?? "") ?? 0 > Int(lastID) ?? .max)
         #expect(try await database.value("SELECT metrics_id FROM profile_metrics_latest WHERE user_id = 1") == inserted)
-        #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
         await #expect(throws: (any Error).self, "a second row of the same key") {
             try await database.execute(
                 """
@@ -94,7 +89,7 @@ import Testing
         }
         try await database.execute("DELETE FROM users WHERE id = 2")
         #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
-        #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+        #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
     }
 
     /// `addMonthlyPartitions` (start-up and hourly): the months up to two ahead, once, whatever the number of
@@ -103,7 +98,7 @@ import Testing
     @Test func monthsAheadAreAddedOnceAndTakeTheirRowsFromTheDefault() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1), .valid(2)])
-            let queue = WorkQueueTests.queue(database)
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "w1", logger: database.logger)
             #expect(try await queue.addMonthlyPartitions() == 0, "the migration made them")
             let ahead = try await database.value(
                 """
@@ -202,7 +197,7 @@ import Testing
             try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(3)) AND metrics_date < \(month(4))")
             try await database.execute("VACUUM \(m3)")
             try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(5)) AND metrics_date < \(month(6))")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
             let m4Before = try await sizes(m4)
             let m5Before = try #require(try await sizes(m5))
             #expect(Int(m5Before.split(separator: " ")[0]) ?? 0 > 128 * 8192, "month 5's heap: \(m5Before)")
@@ -219,7 +214,7 @@ import Testing
             #expect(try await sizes(m4) == m4Before)
             #expect(try await database.value("SELECT count(*) FROM \(m4)") == "5600")
             #expect(try await sizes(m5) == m5Before, "month 5's heap is not read under the lock before VACUUM")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
             #expect(try await database.value("SELECT count(*) FROM profile_metrics_latest") == "200")
 
             // Once VACUUM has cut month 5's heap down, the next call truncates it too.
@@ -227,7 +222,7 @@ import Testing
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "1")
             #expect(try await sizes(m5) == "0 8192 8192 8192")
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0", "nothing left to give back")
-            #expect(try await database.value(LatestTableTests.kept) == database.value(LatestTableTests.fromHistory))
+            #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
         }
     }
 
@@ -236,7 +231,7 @@ import Testing
     @Test func retentionTruncatesAMonthOnlyOnceItIsPastTheCutoff() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
-            let queue = WorkQueueTests.queue(database)
+            let queue = WorkQueue(pool: database.pool, formula: .current, owner: "w1", logger: database.logger)
             let first = "(date_trunc('month', now()) + interval '3 months')::date"
             _ = try await database.value("SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '5 months')::date)")
             let name = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(first), 'YYYY_MM')")))

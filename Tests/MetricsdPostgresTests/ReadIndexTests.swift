@@ -19,7 +19,7 @@ import Testing
         let (name, url) = try await MigrationTests.freshDatabase()
         _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0021" }))
         try await FaultDatabase(url: url).execute(
-            LatestTableBulkTests.seed(users: 400)
+            HistoryQueries.seed(users: 400)
                 + """
                 INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
                 SELECT u, 22.0, 1500, 2000, 1, current_date + 400, now() - interval '1 minute' * u
@@ -56,8 +56,8 @@ import Testing
     {
         let database = FaultDatabase(url: url)
         #expect(try await database.value(Self.problems) == "", "\(context)", sourceLocation: sourceLocation)
-        let kept = try await database.value(LatestTableTests.kept)
-        #expect(try await database.value(LatestTableTests.fromHistory) == kept, "\(context)", sourceLocation: sourceLocation)
+        let kept = try await database.value(HistoryQueries.kept)
+        #expect(try await database.value(HistoryQueries.fromHistory) == kept, "\(context)", sourceLocation: sourceLocation)
     }
 
     /// The migration on an existing history: every partition's part built and attached, the ascending index gone,

@@ -1,3 +1,5 @@
+import MetricsdWork
+import MetricsdReads
 import Crypto
 import Foundation
 import HTTPTypes
@@ -6,6 +8,7 @@ import Hummingbird
 import HummingbirdTesting
 import JWTKit
 import Logging
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
@@ -39,7 +42,7 @@ package enum APIServer {
         let credentials = CredentialBox(.init(tokens: verifier, admin: adminToken.map { AdminTokenCheck(token: $0) }))
         let dependencies = HTTPDependencies(
             store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil,
-            requestLog: RequestLog(mode: requestLog, logger: logger))
+            maxInFlight: SettingsCatalog.integerDefault("METRICSD_MAX_IN_FLIGHT"), requestLog: RequestLog(mode: requestLog, logger: logger))
         let bound = AsyncStream<Int>.makeStream()
         let server = buildAPIServer(
             dependencies, sockets: [.bind(ListenAddress(host: "127.0.0.1", port: 0))], requestTimeout: .seconds(10),

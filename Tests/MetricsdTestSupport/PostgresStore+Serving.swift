@@ -1,3 +1,4 @@
+import MetricsdReads
 import MetricsdPostgres
 
 extension PostgresStore {

@@ -187,3 +187,20 @@ package struct TestDatabase: Sendable {
 package func withTestDatabase<T>(poolSize: Int = 4, _ body: (TestDatabase) async throws -> T) async throws -> T {
     try await withCleanup(try await TestDatabase.create(poolSize: poolSize), cleanup: { await $0.drop() }, body)
 }
+
+/// Runs `body` with the URL of a new database that has no schema at all; drops it afterwards.
+package func withEmptyDatabase<T>(_ body: (String) async throws -> T) async throws -> T {
+    let name = "e_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
+    try await TestDatabase.admin { try $0.execute("CREATE DATABASE \(name)") }
+    let drop = {
+        _ = try? await TestDatabase.admin { try $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+    }
+    do {
+        let value = try await body(TestDatabase.url(try TestDatabase.serverURL(), database: name))
+        await drop()
+        return value
+    } catch {
+        await drop()
+        throw error
+    }
+}

@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdSystemd
@@ -87,29 +88,10 @@ enum ArgumentPreflight {
 
     /// The command closest to `word` by edit distance, when close enough to be a typo (or `word` is its prefix).
     static func nearest(_ word: String, in names: [String]) -> String? {
-        let scored = names.map { (name: $0, distance: Self.distance(word.lowercased(), $0)) }
+        let scored = names.map { (name: $0, distance: editDistance(word.lowercased(), $0)) }
         guard let best = scored.min(by: { $0.distance < $1.distance }) else { return nil }
         if best.distance <= max(2, best.name.count / 3) { return best.name }
         return names.first { $0.hasPrefix(word.lowercased()) && word.count >= 3 }
-    }
-
-    /// Levenshtein distance, with an adjacent swap counting as one edit ("stauts" is one edit from "status").
-    static func distance(_ a: String, _ b: String) -> Int {
-        let a = Array(a), b = Array(b)
-        guard !a.isEmpty, !b.isEmpty else { return max(a.count, b.count) }
-        var table = Array(repeating: Array(repeating: 0, count: b.count + 1), count: a.count + 1)
-        for i in 0...a.count { table[i][0] = i }
-        for j in 0...b.count { table[0][j] = j }
-        for i in 1...a.count {
-            for j in 1...b.count {
-                let cost = a[i - 1] == b[j - 1] ? 0 : 1
-                table[i][j] = min(table[i - 1][j] + 1, table[i][j - 1] + 1, table[i - 1][j - 1] + cost)
-                if i > 1, j > 1, a[i - 1] == b[j - 2], a[i - 2] == b[j - 1] {
-                    table[i][j] = min(table[i][j], table[i - 2][j - 2] + 1)
-                }
-            }
-        }
-        return table[a.count][b.count]
     }
 
     /// A whole-number option value in `range`, else a usage error saying so.

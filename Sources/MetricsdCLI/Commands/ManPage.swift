@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import ArgumentParser

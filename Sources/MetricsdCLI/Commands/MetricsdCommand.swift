@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdSystemd
@@ -155,7 +156,7 @@ struct Healthcheck: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Ask the running daemon whether it is ready; exit 0 if so, 1 with a one-line reason if not.")
 
-    @Option(help: "The daemon's address (default: METRICSD_LISTEN, else 127.0.0.1:8080).")
+    @Option(help: "The daemon's address (default: METRICSD_LISTEN, else \(SettingsCatalog.defaultListen)).")
     var address: String?
 
     @Option(parsing: .unconditional, help: "Seconds to wait for an answer (0.1-300).")

@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 import ArgumentParser
 #if canImport(FoundationEssentials)
 import FoundationEssentials

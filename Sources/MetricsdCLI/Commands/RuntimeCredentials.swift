@@ -1,3 +1,4 @@
+import MetricsdConfiguration
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else

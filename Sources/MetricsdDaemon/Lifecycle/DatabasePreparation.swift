@@ -1,3 +1,4 @@
+import MetricsdReads
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else

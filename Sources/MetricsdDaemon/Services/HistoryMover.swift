@@ -1,6 +1,7 @@
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdWork
 import ServiceLifecycle
 
 /// Moves the history an upgrade left in the old partition of `profile_metrics` into monthly partitions, in the

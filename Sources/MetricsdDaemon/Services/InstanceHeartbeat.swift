@@ -1,3 +1,4 @@
+import MetricsdReads
 import MetricsdHTTP
 import HealthMetrics
 import Logging

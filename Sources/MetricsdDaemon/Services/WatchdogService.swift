@@ -1,3 +1,4 @@
+import MetricsdWork
 import MetricsdHTTP
 import Logging
 import MetricsdSystemd

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// Credentials that may change on `SIGHUP` (secret files are re-read): swapped atomically, read per request.
 public final class CredentialBox: Sendable {
     public struct Credentials: Sendable {
@@ -9,12 +11,12 @@ public final class CredentialBox: Sendable {
         }
     }
 
-    private let state: ReadMostly<Credentials>
+    private let state: Mutex<Credentials>
 
     public init(_ credentials: Credentials) {
-        self.state = ReadMostly(credentials)
+        self.state = Mutex(credentials)
     }
 
-    public var current: Credentials { self.state.value }
-    public func replace(_ credentials: Credentials) { self.state.value = credentials }
+    public var current: Credentials { self.state.withLock { $0 } }
+    public func replace(_ credentials: Credentials) { self.state.withLock { $0 = credentials } }
 }

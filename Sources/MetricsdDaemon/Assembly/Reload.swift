@@ -1,0 +1,66 @@
+import MetricsdConfiguration
+import MetricsdWork
+import MetricsdReads
+import Logging
+import MetricsdDaemon
+import MetricsdHTTP
+import MetricsdSystemd
+import HealthMetrics
+
+/// `systemctl reload` (SIGHUP): re-reads what can change without a restart — log level, request log, daily time
+/// (from `METRICSD_CONFIG_FILE`), the secret files (JWT secret or public key, admin token) and the TLS certificate
+/// and key (new connections get them; open ones keep theirs). Everything else needs a restart. A reload that fails keeps the previous settings and says why in `STATUS=`. Before the daemon
+/// is ready there is nothing to reload into: the signal is logged and ignored (no `RELOADING=1`, whose `READY=1`
+/// would tell systemd the start-up had finished).
+struct Reload: Sendable {
+    let base: [String: String]
+    let levelBox: LogLevelBox
+    let dailyAt: ReadMostly<DailyTime>
+    let credentials: CredentialBox
+    let requestLog: RequestLog
+    let status: StatusBoard
+    let notifier: SystemdNotifier
+    let ready: Gate
+    /// The listeners' certificate, when TLS is on.
+    var tls: TLSIdentity? = nil
+    let logger: Logger
+
+    @Sendable func callAsFunction() async {
+        guard self.ready.isOpen else {
+            self.logger.notice("Reload ignored: still starting")
+            return
+        }
+        self.notifier.reloading()
+        do {
+            let environment = try ConfigFile.merge(into: self.base)
+            let configuration = try Configuration(environment: environment)
+            let tokens = try TokenVerifier(configuration.tokens)
+            if let identity = self.tls {
+                let (certificate, key) = try TLSSettings.read(environment: environment)
+                let source = TLSSettings.source(environment: environment)
+                do {
+                    let loaded = try identity.replace(certificate: certificate, key: key)
+                    DaemonAssembly.logCertificate(loaded, source: source, logger: self.logger)
+                } catch {
+                    throw error.from(source)
+                }
+            }
+            self.levelBox.level = configuration.logLevel
+            self.dailyAt.value = configuration.dailyAt
+            self.requestLog.mode = configuration.requestLog
+            self.credentials.replace(
+                .init(tokens: tokens, admin: configuration.adminToken.map { AdminTokenCheck(token: $0) }))
+            self.logger.info(
+                "Reloaded",
+                metadata: [
+                    "metricsd.log.level": "\(configuration.logLevel)", "metricsd.daily_at": "\(configuration.dailyAt)",
+                    "metricsd.request_log": "\(configuration.requestLog.rawValue)",
+                    "metricsd.jwt.algorithms": "\(tokens.acceptedAlgorithms.joined(separator: ","))",
+                ])
+            self.notifier.ready(status: self.status.line)
+        } catch {
+            self.logger.error("Reload failed; keeping the previous settings", metadata: .errorFields(error))
+            self.notifier.ready(status: "reload failed: \(error); " + self.status.line)
+        }
+    }
+}

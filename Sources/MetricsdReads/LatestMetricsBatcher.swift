@@ -1,0 +1,227 @@
+import MetricsdPostgres
+import MetricsdWork
+import HealthMetrics
+import ServiceLifecycle
+import Synchronization
+
+/// Coalesces concurrent latest-metrics reads into one statement per batch (`SQL.latestMetricsBatch`).
+///
+/// Under load, requests for different users arrive faster than one statement per request can be sent. A batch of
+/// k users costs PostgreSQL one round trip, one executor start-up and k probes of `profile_metrics_latest`'s primary
+/// key instead of k of each, and costs metricsd one hop to a pool thread instead of k. With little load every
+/// batch holds one user, run by the request itself: the latency of a single statement, and no extra task.
+///
+/// At most `maxRunners` batches run at once (the rest of the pool stays free for acknowledgements, on-demand
+/// computation and the scheduler); a request that finds every runner busy waits for the next batch.
+///
+/// The batches run in ``run()``, a service of the daemon's group: `maxRunners` loops that sleep while nobody
+/// waits. One is woken whenever someone waits, another only when a whole batch waits for it: fewer, fuller batches
+/// cost less per read (one statement, one hop to a pool thread, one wake-up each); more runners only help once a
+/// single one cannot keep up. On graceful shutdown the runners finish what waits and stop; a read asked for after
+/// that fails at once with `poolClosed`.
+package final class LatestMetricsBatcher: Service, Sendable {
+    typealias Completion = @Sendable (Result<LatestMetrics?, any Error>) -> Void
+
+    /// How a waiter gets its answer: a suspended task, or a callback (the HTTP hot path, outside Swift concurrency).
+    private enum Resumption {
+        case continuation(CheckedContinuation<LatestMetrics?, any Error>)
+        case callback(Completion)
+
+        func resume(_ result: Result<LatestMetrics?, any Error>) {
+            switch self {
+            case .continuation(let continuation): continuation.resume(with: result)
+            case .callback(let completion): completion(result)
+            }
+        }
+    }
+
+    /// A read waiting: whose, how to answer it, and when it was asked (its bound runs from then).
+    private typealias Waiter = (userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant)
+
+    private struct State {
+        var pending: [Waiter] = []
+        /// Runners not asleep (working, or woken and about to work).
+        var active: Int
+        /// Sleeping runners; resumed with true to work, false to stop.
+        var sleeping: [CheckedContinuation<Bool, Never>] = []
+        var stopping = false
+    }
+
+    private let pool: PostgresPool
+    /// Where the reads go when read servers are configured (else the pool, the primary).
+    private let replicas: ReadReplicas?
+    private let maxRunners: Int
+    private let maxBatch: Int
+    private let state: Mutex<State>
+
+    init(pool: PostgresPool, replicas: ReadReplicas? = nil, maxRunners: Int, maxBatch: Int = 128) {
+        self.pool = pool
+        self.replicas = replicas
+        self.maxRunners = max(1, maxRunners)
+        self.maxBatch = max(1, maxBatch)
+        self.state = Mutex(State(active: self.maxRunners))
+    }
+
+    /// The runners, until the group shuts down gracefully (or the task is cancelled). May run again after it
+    /// returned (a test serving several times from one store): each run starts with every runner awake.
+    package func run() async {
+        self.state.withLock { state in
+            state.stopping = false
+            state.active = self.maxRunners
+        }
+        await withDiscardingTaskGroup { group in
+            for _ in 0..<self.maxRunners {
+                group.addTask { await self.runner() }
+            }
+            group.addTask {
+                try? await gracefulShutdown()
+                self.stop()
+            }
+        }
+    }
+
+    func load(userID: Int64) async throws -> LatestMetrics? {
+        try await withCheckedThrowingContinuation { continuation in
+            self.enqueue((userID, .continuation(continuation), .now))
+        }
+    }
+
+    /// The same read for a caller outside Swift concurrency: `completion` runs once, on whichever thread finished
+    /// the batch. Never runs the statement on the caller's thread (an event loop must not block).
+    func load(userID: Int64, completion: @escaping Completion) {
+        self.enqueue((userID, .callback(completion), .now))
+    }
+
+    private enum Enqueued {
+        case waiting
+        case wake(CheckedContinuation<Bool, Never>)
+        case refused
+    }
+
+    private func enqueue(_ waiter: Waiter) {
+        let outcome: Enqueued = self.state.withLock { state in
+            if state.stopping && state.active == 0 { return .refused }
+            state.pending.append(waiter)
+            guard !state.sleeping.isEmpty,
+                state.active == 0 || (state.active < self.maxRunners && state.pending.count >= self.maxBatch)
+            else { return .waiting }
+            state.active += 1
+            return .wake(state.sleeping.removeLast())
+        }
+        switch outcome {
+        case .waiting: break
+        case .wake(let runner): runner.resume(returning: true)
+        case .refused: waiter.resumption.resume(.failure(PostgresError(code: .poolClosed, message: "shutting down")))
+        }
+    }
+
+    /// Runs batches while anyone waits, sleeps while nobody does, until stopped.
+    private func runner() async {
+        while true {
+            let batch = self.state.withLock { Self.take(&$0.pending, upTo: self.maxBatch) }
+            if !batch.isEmpty {
+                await self.execute(batch)
+                continue
+            }
+            let goOn = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let now: Bool? = self.state.withLock { state in
+                    if !state.pending.isEmpty { return true }  // work arrived meanwhile: stay awake
+                    state.active -= 1
+                    if state.stopping { return false }
+                    state.sleeping.append(continuation)
+                    return nil
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+            guard goOn else { return }
+        }
+    }
+
+    /// Wakes every sleeping runner to stop; working runners stop once nothing waits.
+    private func stop() {
+        let sleeping = self.state.withLock { state in
+            state.stopping = true
+            defer { state.sleeping = [] }
+            return state.sleeping
+        }
+        for runner in sleeping { runner.resume(returning: false) }
+    }
+
+    /// When the first of `waiters` stops waiting: its bound, the primary's statement deadline, from when it asked
+    /// (nil: no deadline). No read waits longer, however long it queued for a runner or a connection: a database
+    /// that does not answer costs each read its bound, not the sum of the waits before it.
+    private func deadline(of waiters: [Waiter]) -> ContinuousClock.Instant? {
+        guard let bound = self.pool.settings.statementDeadlineSeconds, let first = waiters.min(by: { $0.asked < $1.asked })
+        else { return nil }
+        return first.asked + .nanoseconds(Int64(bound * 1e9))
+    }
+
+    /// One statement for the waiters' users; resumes every waiter. On the primary, the batches that arrive
+    /// meanwhile run on the same pool thread and connection (see ``drain(_:)``).
+    private func execute(_ waiters: [Waiter]) async {
+        guard let replicas = self.replicas else {
+            await self.drain(waiters)
+            return
+        }
+        let unique = Array(Set(waiters.map(\.userID)))
+        do {
+            let found = try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters))
+            for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
+        } catch {
+            for waiter in waiters { waiter.resumption.resume(.failure(error)) }
+        }
+    }
+
+    /// The most batches one runner runs on a connection before giving it back to the pool (which then recycles
+    /// a session past its maximum age, and lets the other callers waiting for a connection have their turn).
+    static let batchesPerConnection = 64
+
+    /// Runs `first`, then each batch that waits once it is done, on one pool thread and one connection, until
+    /// nobody waits (or ``batchesPerConnection``). Under load this is the whole cost of a batch: the statement
+    /// and one hop per waiter back to its event loop, instead of two more hops between Swift's threads and the
+    /// pool's for every batch. A batch whose statement fails on a lost connection runs once more on a fresh one
+    /// (the pool's retry; the batches already answered are not repeated); any other failure fails that batch.
+    /// Each batch's statement waits at most until its first waiter's deadline (``deadline(of:)``).
+    private func drain(_ first: [Waiter]) async {
+        let current = Current(first)
+        let maxBatch = self.maxBatch
+        let configured = self.pool.settings.statementDeadlineSeconds
+        do {
+            try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.deadline(of: first)) { connection in
+                for _ in 0..<Self.batchesPerConnection {
+                    let waiters = current.batch.withLock { $0 }
+                    if waiters.isEmpty { return }
+                    if let configured, let deadline = self.deadline(of: waiters) {
+                        connection.statementDeadlineSeconds = min(configured, max(0.05, Self.seconds(deadline - .now)))
+                    }
+                    let found = try PostgresStore.readLatest(userIDs: Array(Set(waiters.map(\.userID))), on: connection)
+                    for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
+                    let next = self.state.withLock { Self.take(&$0.pending, upTo: maxBatch) }
+                    current.batch.withLock { $0 = next }
+                }
+            }
+        } catch {
+            for waiter in current.batch.withLock({ $0 }) { waiter.resumption.resume(.failure(error)) }
+            return
+        }
+        // Batches taken on the last turn and not run yet: run them on the next connection.
+        let left = current.batch.withLock { $0 }
+        if !left.isEmpty { await self.drain(left) }
+    }
+
+    /// The batch a drain is running or about to run, where its failure handler finds it.
+    private final class Current: Sendable {
+        let batch: Mutex<[Waiter]>
+        init(_ batch: [Waiter]) { self.batch = Mutex(batch) }
+    }
+
+    private static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    private static func take(_ pending: inout [Waiter], upTo count: Int) -> [Waiter] {
+        let taken = Array(pending.prefix(count))
+        pending.removeFirst(taken.count)
+        return taken
+    }
+}

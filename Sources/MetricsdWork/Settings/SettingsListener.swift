@@ -1,0 +1,163 @@
+import HealthMetrics
+import Logging
+import MetricsdPostgres
+import ServiceLifecycle
+
+/// Recomputes a user's current row within seconds of a settings change.
+///
+/// A dedicated connection `LISTEN`s on `metricsd_settings` (the `user_settings` trigger NOTIFYs the user id) and
+/// on `metricsd_work` (a recompute job was triggered: wake the workers). Notifications sent while it was
+/// disconnected are lost, so a sweep of `user_settings.updated_at` runs after every (re)connect and every
+/// `sweepInterval`. The refresh is idempotent across instances: a row computed after the change is left alone.
+///
+/// A LISTEN connection only reads, so a server that stops answering (stopped processes, a frozen VM, a middlebox
+/// that dropped the connection's state) is never noticed by itself: TCP keepalives are answered by the kernel, and
+/// nothing is ever sent whose acknowledgement could time out. So after ``checkInterval`` without a notification the
+/// listener asks the server whether the session still listens on both channels, with at most
+/// ``checkDeadlineSeconds`` to answer; a session that does not answer is dropped and the listener reconnects (and
+/// sweeps what it missed).
+package struct SettingsListener: Service {
+    /// Silence after which the LISTEN session is checked.
+    static let checkInterval = Duration.seconds(5)
+    /// The most a check waits for its answer (less when the statement deadline is shorter).
+    static let checkDeadlineSeconds = 5.0
+
+    let pool: PostgresPool
+    let queue: WorkQueue
+    let signal: WorkSignal
+    let sweepInterval: Duration
+    let logger: Logger
+
+    package init(pool: PostgresPool, queue: WorkQueue, signal: WorkSignal, sweepInterval: Duration, logger: Logger) {
+        self.pool = pool
+        self.queue = queue
+        self.signal = signal
+        self.sweepInterval = sweepInterval
+        self.logger = logger
+    }
+
+    package func run() async throws {
+        var watermark: String?
+        var lastProblem: String?
+        var failures = 0
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            do {
+                let connection = try await self.pool.openDedicatedConnection()
+                try await self.pool.runBlocking {
+                    try connection.execute("LISTEN metricsd_settings; LISTEN metricsd_work")
+                }
+                if watermark == nil {
+                    // Start ten minutes back: changes made while no daemon was running get picked up.
+                    watermark = try await self.pool.runBlocking {
+                        try connection.query("SELECT (now() - interval '10 minutes')::text").requiredString(0, 0)
+                    }
+                }
+                if lastProblem != nil { self.logger.info("Listening for settings changes again") }
+                lastProblem = nil
+                failures = 0
+                watermark = try await self.sweep(since: watermark!)
+                try await self.listen(on: connection, watermark: &watermark)
+            } catch {
+                let problem = "\(error)"
+                if problem != lastProblem {
+                    self.logger.warning("Settings listener disconnected; retrying", metadata: .errorFields(error))
+                    lastProblem = problem
+                }
+                failures += 1
+                let backoff = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
+                try? await cancelWhenGracefulShutdown { try await Task.sleep(for: backoff) }
+            }
+        }
+    }
+
+    private func listen(on connection: PostgresConnection, watermark: inout String?) async throws {
+        // A stop ends the wait at once (a restart holds clients in the socket's backlog while it waits).
+        let interrupter = try WaitInterrupter()
+        try await withGracefulShutdownHandler {
+            try await withTaskCancellationHandler {
+                try await self.listen(on: connection, watermark: &watermark, interrupter: interrupter)
+            } onCancel: {
+                interrupter.interrupt()
+            }
+        } onGracefulShutdown: {
+            interrupter.interrupt()
+        }
+    }
+
+    private func listen(on connection: PostgresConnection, watermark: inout String?, interrupter: WaitInterrupter) async throws {
+        var lastSweep = ContinuousClock.now
+        var lastHeard = ContinuousClock.now
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            // Until the next sweep or check is due: notifications and a stop end the wait sooner.
+            let untilSweep = self.sweepInterval - (ContinuousClock.now - lastSweep)
+            let untilCheck = Self.checkInterval - (ContinuousClock.now - lastHeard)
+            let timeout = Int32(min(60_000, max(10, (min(untilSweep, untilCheck) / .milliseconds(1)).rounded(.up))))
+            let notifications = try await self.pool.runBlocking {
+                try connection.waitForNotifications(timeoutMilliseconds: timeout, interrupter: interrupter)
+            }
+            if !notifications.isEmpty {
+                lastHeard = ContinuousClock.now
+            } else if ContinuousClock.now - lastHeard >= Self.checkInterval {
+                try await self.check(connection)
+                lastHeard = ContinuousClock.now
+            }
+            var users: Set<Int64> = []
+            for notification in notifications {
+                switch notification.channel {
+                case "metricsd_settings":
+                    if let id = Int64(notification.payload) { users.insert(id) }
+                case "metricsd_work":
+                    self.signal.notify()
+                default:
+                    break
+                }
+            }
+            if !users.isEmpty {
+                let written = try await self.queue.refreshUsers(users.sorted())
+                self.logger.debug(
+                    "Settings changed; metrics refreshed",
+                    metadata: ["metricsd.users": "\(users.count)", "metricsd.rows.written": "\(written)"])
+            }
+            if ContinuousClock.now - lastSweep >= self.sweepInterval, let since = watermark {
+                watermark = try await self.sweep(since: since)
+                lastSweep = ContinuousClock.now
+            }
+        }
+    }
+
+    /// Asks the LISTEN session whether it still listens on both channels, within ``checkDeadlineSeconds``; throws
+    /// (the caller reconnects) when it does not answer in time or no longer listens.
+    private func check(_ connection: PostgresConnection) async throws {
+        let listening = try await self.pool.runBlocking {
+            let deadline = connection.statementDeadlineSeconds
+            connection.statementDeadlineSeconds = min(deadline ?? Self.checkDeadlineSeconds, Self.checkDeadlineSeconds)
+            defer { connection.statementDeadlineSeconds = deadline }
+            return try connection.query(
+                "SELECT count(*) FROM pg_listening_channels() c WHERE c IN ('metricsd_settings', 'metricsd_work')"
+            ).int(0, 0)
+        }
+        guard listening == 2 else {
+            throw PostgresError(code: .connectionLost, message: "the settings listener's session no longer listens on its channels")
+        }
+    }
+
+    /// Refreshes users whose settings changed after `since` (minus five minutes for transactions that committed
+    /// late) and whose metrics are older than the change. Returns the new watermark.
+    private func sweep(since: String) async throws -> String {
+        var watermark = since
+        // A sweep can be long (thousands of users after an outage): it stops between batches when the daemon stops.
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            let (ids, next) = try await self.queue.staleSettings(since: watermark, overlapMinutes: 5)
+            if !ids.isEmpty {
+                let written = try await self.queue.refreshUsers(ids)
+                self.logger.info(
+                    "Settings sweep refreshed metrics",
+                    metadata: ["metricsd.users": "\(ids.count)", "metricsd.rows.written": "\(written)"])
+            }
+            guard let next else { return watermark }
+            watermark = next
+            if ids.count < 5000 { return watermark }
+        }
+        return watermark
+    }
+}
