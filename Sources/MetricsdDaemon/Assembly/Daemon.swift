@@ -10,7 +10,6 @@ import Foundation
 import Glibc
 import HealthMetrics
 import Logging
-import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
 import MetricsdSystemd

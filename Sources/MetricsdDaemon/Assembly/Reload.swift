@@ -2,7 +2,6 @@ import MetricsdConfiguration
 import MetricsdWork
 import MetricsdReads
 import Logging
-import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdSystemd
 import HealthMetrics
