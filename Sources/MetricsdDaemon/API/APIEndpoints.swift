@@ -53,7 +53,11 @@ public enum HTTPEndpoints: Sendable {
     func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
         let health = HealthController(store: dependencies.store).endpoints
         let admin = dependencies.jobs.map { AdminController(jobs: $0, formula: dependencies.formula).endpoints } ?? []
-        let user = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+        let user =
+            ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+            + ((dependencies.store as? any MetricsHistoryStore).map {
+                ProfileHistoryController(store: $0, formula: dependencies.formula).endpoints
+            } ?? [])
         switch self {
         case .api:
             return user + health + (dependencies.prometheus.map { [metricsEndpoint($0)] } ?? []) + admin
