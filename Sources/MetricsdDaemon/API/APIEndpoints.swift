@@ -23,6 +23,8 @@ public struct HTTPDependencies: Sendable {
     public var trustedProxies = TrustedProxies()
     /// Requests in flight, shared by every listener.
     package let inFlight = InFlightCounter()
+    /// Exports streaming, shared by every listener.
+    let exports = ExportGate()
 
     public init(
         store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
@@ -57,6 +59,9 @@ public enum HTTPEndpoints: Sendable {
             ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
             + ((dependencies.store as? any MetricsHistoryStore).map {
                 ProfileHistoryController(store: $0, formula: dependencies.formula).endpoints
+            } ?? [])
+            + ((dependencies.store as? any MetricsExportStore).map {
+                ProfileExportController(store: $0, gate: dependencies.exports).endpoints
             } ?? [])
         switch self {
         case .api:
