@@ -5,11 +5,17 @@ public struct LatestMetrics: Hashable, Sendable {
     public let computedAt: Timestamp
     /// When the user acknowledged exactly this row (same version and `computed_at`), or nil.
     public let acknowledgedAt: Timestamp?
+    /// Why the user's current settings give no metrics (every reason, `; `-separated, as the skip record has
+    /// them), when the latest verdict on them was that: the row is then an older computation that no longer
+    /// matches what the person entered, and is not served as their current metrics. Nil when the settings are
+    /// valid.
+    public let invalidSettings: String?
 
-    public init(metrics: ComputedMetrics, computedAt: Timestamp, acknowledgedAt: Timestamp?) {
+    public init(metrics: ComputedMetrics, computedAt: Timestamp, acknowledgedAt: Timestamp?, invalidSettings: String? = nil) {
         self.metrics = metrics
         self.computedAt = computedAt
         self.acknowledgedAt = acknowledgedAt
+        self.invalidSettings = invalidSettings
     }
 }
 

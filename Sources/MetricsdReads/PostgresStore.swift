@@ -164,6 +164,7 @@ public final class PostgresStore: MetricsStore {
         return LatestMetrics(
             metrics: metrics,
             computedAt: Timestamp(millisecondsSinceEpoch: try result.int(row, column + 4)),
-            acknowledgedAt: try result.optionalInt(row, column + 5).map { Timestamp(millisecondsSinceEpoch: $0) })
+            acknowledgedAt: try result.optionalInt(row, column + 5).map { Timestamp(millisecondsSinceEpoch: $0) },
+            invalidSettings: result.string(row, column + 6))
     }
 }

@@ -38,18 +38,7 @@ import Testing
     static func plan(_ database: TestDatabase, _ statement: String, parameters: [String?] = [], generic: Bool = false)
         async throws -> String
     {
-        try await database.pool.withConnection { connection in
-            try connection.execute("SET plan_cache_mode = \(generic ? "force_generic_plan" : "auto")")
-            defer { _ = try? connection.execute("DEALLOCATE ALL; RESET plan_cache_mode") }
-            guard !parameters.isEmpty else {
-                let result = try connection.query("EXPLAIN " + statement)
-                return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
-            }
-            try connection.query("PREPARE checked AS " + statement)
-            let values = parameters.map { $0.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" } ?? "NULL" }
-            let result = try connection.query("EXPLAIN EXECUTE checked(\(values.joined(separator: ", ")))")
-            return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
-        }
+        try await database.plan(statement, parameters: parameters, generic: generic)
     }
 
     /// 12,000 users with a row every twelfth day from a month ago to five months ahead, in every monthly partition,

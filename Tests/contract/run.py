@@ -433,7 +433,7 @@ class Contract:
         if charset not in ("utf-8", "utf8"):
             problems.append(f"Content-Type charset {charset!r}: expected utf-8")
         try:
-            if got_type == "application/json":
+            if got_type == "application/json" or got_type.endswith("+json"):
                 parsed = strict_json(body)
             elif got_type in ("application/yaml", "text/yaml", "application/x-yaml"):
                 import yaml
@@ -589,13 +589,14 @@ def self_test(contract: Contract, results: Results) -> None:
         results.record(False, "document is valid OpenAPI 3.1", [str(error)[:2000]])
         return
     expected_ops = {("GET", "/v1/profile/metrics/today"), ("POST", "/v1/profile/metrics/acknowledge"),
+                    ("GET", "/v1/profile/metrics/history"), ("GET", "/v1/profile/metrics/export"),
                     ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.yaml"), ("GET", "/metrics"),
                     ("POST", "/v1/admin/recompute"), ("GET", "/v1/admin/recompute"),
                     ("GET", "/v1/admin/recompute/{id}"), ("POST", "/v1/admin/recompute/{id}/cancel")}
     have = {(op.method, op.template) for op in contract.operations}
-    results.record(have == expected_ops, "document has exactly the 10 designed operations",
+    results.record(have == expected_ops, "document has exactly the 12 designed operations",
                    [f"missing {sorted(expected_ops - have)}", f"unexpected {sorted(have - expected_ops)}"])
-    for name in ("ErrorBody", "TodayResponse", "AcknowledgeRequest", "AcknowledgeResponse", "Health", "Readiness",
+    for name in ("ErrorBody", "TodayResponse", "HistoryResponse", "ExportResponse", "AcknowledgeRequest", "AcknowledgeResponse", "Health", "Readiness",
                  "RecomputeJob", "RecomputeTriggerResponse", "RecomputeJobResponse", "RecomputeJobList"):
         results.record(name in contract.doc["components"]["schemas"], f"components/schemas/{name} exists")
 
@@ -1237,6 +1238,30 @@ def run_contract_checks(ck: Checker, db: Database, ctx: dict) -> None:
         ck.call(f"404 for user {uid} with bad settings ({word or 'all missing'})", "GET", today, expect=404,
                 token=tok(uid), then=code_is("metrics.settings_invalid", then=message_contains(word) if word else None))
     ck.call("404 for an unknown user", "GET", today, expect=404, token=tok(UNKNOWN_USER),
+            then=code_is("metrics.user_unknown"))
+
+    history = "/v1/profile/metrics/history"
+    ck.call("history of a valid user: the last 90 days", "GET", history, expect=200, token=tok(1001))
+    ck.call("history of an explicit range, one entry a page", "GET", history + "?from=2025-01-01&to=2026-12-31&limit=1",
+            expect=200, token=tok(1001))
+    for query, name in (("?from=2025-13-01", "from"), ("?to=2025-02-30", "to"), ("?version=0", "version"),
+                        ("?limit=732", "limit"), ("?cursor=x", "cursor"), ("?from=2020-01-01&to=2025-01-01", "from")):
+        ck.call(f"history: 400 naming {name} for {query}", "GET", history + query, expect=400, token=tok(1001),
+                then=code_is("request.invalid_parameter", then=message_contains(name)))
+    uid, (_, _, word) = next(iter(INVALID_USERS.items()))
+    ck.call(f"history: 404 for user {uid} with bad settings", "GET", history, expect=404, token=tok(uid),
+            then=code_is("metrics.settings_invalid"))
+    ck.call("history: 404 for an unknown user", "GET", history, expect=404, token=tok(UNKNOWN_USER),
+            then=code_is("metrics.user_unknown"))
+
+    export = "/v1/profile/metrics/export"
+    ck.call("export as JSON", "GET", export, expect=200, token=tok(1001))
+    for accept in ("text/csv", "application/fhir+json"):
+        ck.call(f"export as {accept}", "GET", export, expect=200, token=tok(1001), headers={"Accept": accept})
+    ck.call("export of a user with bad settings (a copy, never refused)", "GET", export, expect=200, token=tok(uid))
+    ck.call("export: 406 for an Accept it cannot send", "GET", export, expect=406, token=tok(1001),
+            headers={"Accept": "application/xml"}, then=code_is("request.not_acceptable"))
+    ck.call("export: 404 for an unknown user", "GET", export, expect=404, token=tok(UNKNOWN_USER),
             then=code_is("metrics.user_unknown"))
 
     db.psql(onboard_sql(ONBOARDED_USER))

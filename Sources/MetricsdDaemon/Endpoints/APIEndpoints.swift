@@ -24,6 +24,8 @@ public struct HTTPDependencies: Sendable {
     public var trustedProxies = TrustedProxies()
     /// Requests in flight, shared by every listener.
     package let inFlight = InFlightCounter()
+    /// Exports streaming, shared by every listener.
+    let exports = ExportGate()
 
     public init(
         store: any MetricsStore, jobs: RecomputeJobs?, credentials: CredentialBox, formula: MetricsFormula,
@@ -54,7 +56,14 @@ public enum HTTPEndpoints: Sendable {
     func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
         let health = HealthController(store: dependencies.store).endpoints
         let admin = dependencies.jobs.map { AdminController(jobs: $0, formula: dependencies.formula).endpoints } ?? []
-        let user = ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+        let user =
+            ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints
+            + ((dependencies.store as? any MetricsHistoryStore).map {
+                ProfileHistoryController(store: $0, formula: dependencies.formula).endpoints
+            } ?? [])
+            + ((dependencies.store as? any MetricsExportStore).map {
+                ProfileExportController(store: $0, gate: dependencies.exports).endpoints
+            } ?? [])
         switch self {
         case .api:
             return user + health + (dependencies.prometheus.map { [metricsEndpoint($0)] } ?? []) + admin

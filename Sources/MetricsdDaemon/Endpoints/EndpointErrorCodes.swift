@@ -13,6 +13,10 @@ extension AppError.Code {
     public static let notComputedYet = Self(rawValue: "metrics.not_computed_yet")
     /// 404 (acknowledge): the metrics named are no longer the current ones.
     public static let stale = Self(rawValue: "metrics.stale")
+    /// 406: the `Accept` header names no format the export can send.
+    public static let notAcceptable = Self(rawValue: "request.not_acceptable")
+    /// 429: an export of the same user's metrics is still being sent.
+    public static let exportInProgress = Self(rawValue: "export.in_progress")
     /// 400: the job id in the path is not a positive 64-bit integer.
     public static let jobInvalidID = Self(rawValue: "job.invalid_id")
     /// 404: no recompute job has this id.
@@ -31,6 +35,9 @@ extension AppError.Code {
 
     /// The endpoints' codes, the database's 503s included.
     public static let endpointCodes: [Self] =
-        [.invalidBody, .userUnknown, .settingsInvalid, .notComputedYet, .stale, .jobInvalidID, .jobNotFound, .jobFinished]
+        [
+            .invalidBody, .userUnknown, .settingsInvalid, .notComputedYet, .stale, .jobInvalidID, .jobNotFound, .jobFinished,
+            .notAcceptable, .exportInProgress,
+        ]
         + databaseCodes
 }

@@ -36,6 +36,11 @@ struct ProfileMetricsController {
         store.latestMetrics(userID: userID) { result in
             switch result {
             case .success(.some(let latest)):
+                // Metrics computed from settings that are no longer valid are not the person's current metrics.
+                if let reasons = latest.invalidSettings {
+                    done(.failure(AppError(.notFound, .settingsInvalid, "no metrics: " + reasons)))
+                    return
+                }
                 request.eventLoop.execute { done(.reply(Reply(body: Self.todayBody(latest)))) }
             case .success(.none):
                 done(.later { Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger)) })

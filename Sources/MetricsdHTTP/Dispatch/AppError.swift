@@ -85,5 +85,6 @@ extension AppError.Code {
         [
             .routeNotFound, .methodNotAllowed, .methodNotImplemented, .bodyTooLarge, .expectationFailed, .tokenMissing,
             .authorizationMalformed, .adminTokenInvalid, .busy, .tooManyConnections, .connectionClosed, .internalError,
+            .invalidParameter,
         ] + TokenError.Reason.allCases.map(Self.token)
 }

@@ -110,12 +110,23 @@ package struct Reply: Sendable {
     /// The strong tag of a body that never changes, computed once by its endpoint (`/openapi.yaml`); nil: the
     /// tag, when the endpoint's ``CachePolicy`` has one, is computed from the body.
     var entityTag: EntityTag?
+    /// A body produced while it is written (``BodyStream``), instead of `body`; nil for every other reply.
+    var stream: BodyStream?
 
     package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer, entityTag: EntityTag? = nil) {
         self.status = status
         self.headers = headers
         self.body = body
         self.entityTag = entityTag
+    }
+
+    /// A streamed body of content type `contentType` (``BodyStream``); the connection ends after it.
+    package static func streamed(contentType: String, headers: HTTPFields = [:], _ stream: BodyStream) -> Reply {
+        var fields = headers
+        fields[.contentType] = contentType
+        var reply = Reply(headers: fields, body: ByteBuffer())
+        reply.stream = stream
+        return reply
     }
 
     /// A JSON body, ended by a newline (so that two answers printed by curl do not run together).

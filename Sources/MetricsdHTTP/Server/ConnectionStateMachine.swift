@@ -264,6 +264,20 @@ struct ConnectionStateMachine {
         return plan
     }
 
+    /// The dispatcher's reply is a streamed body (``BodyStream``): the connection ends after it, and its write
+    /// deadline runs from each part written (``streamed(now:)``).
+    mutating func streamReady(now: NIODeadline) -> ReplyPlan {
+        guard case .responding(let exchange) = self.state else { return .discard }
+        self.state = .closing(deadline: now + self.timeouts.write)
+        return ReplyPlan(action: .writeAndClose, bodyless: exchange.bodyless, announcesKeepAlive: false)
+    }
+
+    /// A part of a streamed body was written: the client took the last one, so its write deadline starts again.
+    mutating func streamed(now: NIODeadline) {
+        guard case .closing = self.state else { return }
+        self.state = .closing(deadline: now + self.timeouts.write)
+    }
+
     mutating func writabilityChanged(isWritable: Bool, now: NIODeadline) -> WritabilityAction {
         guard isWritable, case .blocked(let closeAfter, _) = self.state else { return .none }
         if closeAfter {

@@ -171,12 +171,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         defer { self.writing = false }
         while let (reply, requestID) = self.waitingReply {
             self.waitingReply = nil
-            let plan = self.machine.replyReady(isWritable: context.channel.isWritable, now: context.eventLoop.now)
+            let plan =
+                reply.stream == nil
+                ? self.machine.replyReady(isWritable: context.channel.isWritable, now: context.eventLoop.now)
+                : self.machine.streamReady(now: context.eventLoop.now)
             self.rearm(context)
             guard plan.action != .discard else { continue }
             let head = reply.head(
                 requestID: requestID, close: plan.action == .writeAndClose, keepAlive: plan.announcesKeepAlive)
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+            if let stream = reply.stream, !plan.bodyless {
+                context.flush()
+                self.startStream(stream, context: context)
+                continue
+            }
             if !plan.bodyless, reply.body.readableBytes > 0 {
                 context.write(self.wrapOutboundOut(.body(.byteBuffer(reply.body))), promise: nil)
             }
@@ -193,6 +201,47 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 break
             }
         }
+    }
+
+    /// Runs a streamed body's producer in the connection's task; its parts are written here, on the event loop.
+    private func startStream(_ stream: BodyStream, context: ChannelHandlerContext) {
+        let eventLoop = context.eventLoop
+        let bound = NIOLoopBound(self, eventLoop: eventLoop)
+        let writer = BodyWriter { part in
+            try await eventLoop.flatSubmit { bound.value.writePart(part, on: eventLoop) }.get()
+        }
+        let accepted = self.worker.submit {
+            let finished: Bool
+            do {
+                try await stream.produce(writer)
+                finished = true
+            } catch {
+                finished = false
+            }
+            eventLoop.execute { bound.value.endStream(finished: finished) }
+        }
+        if !accepted { context.close(promise: nil) }
+    }
+
+    private func writePart(_ part: ByteBuffer, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        guard let context = self.context, context.channel.isActive else {
+            return eventLoop.makeFailedFuture(ChannelError.ioOnClosedChannel)
+        }
+        self.machine.streamed(now: context.eventLoop.now)
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(self.wrapOutboundOut(.body(.byteBuffer(part))), promise: promise)
+        return promise.futureResult
+    }
+
+    /// The producer is done: the body's end and the connection's, or (it failed) the connection's alone.
+    private func endStream(finished: Bool) {
+        guard let context = self.context else { return }
+        guard finished, context.channel.isActive else {
+            context.close(promise: nil)
+            return
+        }
+        context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+        self.closeAfterFlush(context: context)
     }
 
     private func writeEnd(close: Bool, context: ChannelHandlerContext) {
@@ -247,7 +296,8 @@ extension Reply {
         // A 304 has no content: neither its type nor a length (which would have to be the 200's, RFC 9110 §8.6).
         if self.status != .notModified {
             headers.add(name: "Content-Type", value: self.headers[.contentType] ?? "application/json")
-            headers.add(name: "Content-Length", value: String(self.body.readableBytes))
+            // A streamed body's length is not known before it is written: NIO sends it chunked.
+            if self.stream == nil { headers.add(name: "Content-Length", value: String(self.body.readableBytes)) }
         }
         headers.add(name: "X-Request-Id", value: requestID)
         headers.add(name: "Date", value: HTTPDate.now())
