@@ -19,7 +19,15 @@ extension Migrator {
         let renewer = MigrationClaimRenewer(
             settings: connection.settings, name: migration.name, holder: holder, everySeconds: Self.claimRenewalSeconds)
         defer { renewer.stop() }
-        try self.applyStatementByStatement(migration, on: connection, logger: logger, beforeStatement: beforeStatement)
+        do {
+            let session = try self.session(for: migration, on: connection)
+            try self.applyStatementByStatement(migration, on: session, logger: logger, beforeStatement: beforeStatement)
+        } catch {
+            // Given up: the next run (this instance's or another's) need not wait for the claim to go stale.
+            _ = try? connection.query(
+                "DELETE FROM metricsd_migration_claims WHERE name = $1 AND holder = $2", [migration.name, holder])
+            throw error
+        }
         try connection.transaction { connection in
             try Self.lock(on: connection)
             let released = try connection.query(
@@ -32,6 +40,19 @@ extension Migrator {
             try Self.record(migration, on: connection)
         }
         return true
+    }
+
+    /// The session that runs the statements: the migrating connection itself, or through a pooler a session of
+    /// ``directSettings`` (without a statement deadline, as the migrating connection's).
+    private func session(for migration: Migration, on connection: PostgresConnection) throws -> PostgresConnection {
+        guard connection.isPooled else { return connection }
+        guard var settings = self.directSettings else {
+            throw MigrationError(
+                .failed,
+                "migration \(migration.name) runs outside a transaction, its statements in one server session, which a transaction-mode pooler does not keep: set METRICSD_NOTIFY_DATABASE_URL to PostgreSQL itself (or a session-mode pool), or run metricsd migrate with DATABASE_URL pointing there")
+        }
+        settings.statementDeadlineSeconds = nil
+        return try PostgresConnection(settings: settings)
     }
 
     /// Takes the claim on `migration`, trying every 200 ms while another instance holds a live one: between tries

@@ -67,12 +67,20 @@ public struct Migrator: Sendable {
     static let lockKey: Int64 = 0x6d65_7472_6963_7364
 
     public let migrations: [Migration]
+    /// A session past the pooler (`METRICSD_NOTIFY_DATABASE_URL`) for migrations outside a transaction when the
+    /// migrating connection goes through a pooler: their statements need one server session from first to last
+    /// (a session-local function in `pg_temp`, the session's timeouts), which a transaction pooler does not keep.
+    public let directSettings: ConnectionSettings?
     /// How long to wait before trying a statement again that gave up waiting for a lock, and how many times.
     let lockRetryPause: Duration
     let lockRetries: Int
 
-    public init(migrations: [Migration] = Migration.all, lockRetryPause: Duration = .seconds(2), lockRetries: Int = 150) {
+    public init(
+        migrations: [Migration] = Migration.all, lockRetryPause: Duration = .seconds(2), lockRetries: Int = 150,
+        directSettings: ConnectionSettings? = nil
+    ) {
         self.migrations = migrations
+        self.directSettings = directSettings
         self.lockRetryPause = lockRetryPause
         self.lockRetries = lockRetries
     }

@@ -97,6 +97,11 @@ public struct Configuration: Sendable {
     /// `METRICSD_DB_STATEMENT_DEADLINE_SECONDS`: how long one database statement may go without an answer before
     /// it is cancelled and its connection dropped (default 30; migrations have no limit).
     public var statementDeadlineSeconds: Double
+    /// `METRICSD_DB_PREPARED_STATEMENTS`: named or unnamed prepared statements, or `auto` (the default: unnamed
+    /// when a pooler answers).
+    public var statementMode: ConnectionSettings.StatementMode
+    /// `METRICSD_NOTIFY_DATABASE_URL`: where to LISTEN when `DATABASE_URL` goes through a pooler (nil: unset).
+    public var notifyDatabaseURL: String?
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
 
@@ -155,6 +160,10 @@ public struct Configuration: Sendable {
         self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
         self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
         self.statementDeadlineSeconds = try reader.number("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
+        self.statementMode = try reader.parse(
+            "METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed"
+        ) { ConnectionSettings.StatementMode(rawValue: $0.lowercased()) }
+        self.notifyDatabaseURL = reader["METRICSD_NOTIFY_DATABASE_URL"]
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
@@ -187,6 +196,7 @@ public struct Configuration: Sendable {
             var settings = try ConnectionSettings(
                 conninfo: self.databaseURL, password: self.databasePassword, environment: environment)
             settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            settings.statementMode = self.statementMode
             return settings
         } catch {
             throw ConfigurationError(.databaseURLInvalid, error.message)
@@ -195,6 +205,21 @@ public struct Configuration: Sendable {
 }
 
 extension Configuration {
+    /// The session for LISTEN (`METRICSD_NOTIFY_DATABASE_URL`), nil when unset; errors name that setting.
+    public func notifySettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings? {
+        guard let url = self.notifyDatabaseURL else { return nil }
+        do {
+            var settings = try ConnectionSettings(
+                conninfo: url, password: self.databasePassword, environment: environment,
+                setting: "METRICSD_NOTIFY_DATABASE_URL")
+            settings.statementDeadlineSeconds = self.statementDeadlineSeconds
+            settings.statementMode = self.statementMode
+            return settings
+        } catch {
+            throw ConfigurationError(.databaseURLInvalid, error.message)
+        }
+    }
+
     /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
     public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer] {
         guard let url = self.readDatabaseURL else { return [] }

@@ -120,6 +120,7 @@ struct DaemonAssembly {
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
             requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
 
+        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil  // checked at start
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: SignalService(
@@ -138,9 +139,13 @@ struct DaemonAssembly {
         }
         services.append(
             .init(
-                service: DatabasePreparation(
-                    pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
-                    logger: self.logger),
+                service: {
+                    var preparation = DatabasePreparation(
+                        pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
+                        logger: self.logger)
+                    preparation.directSettings = notifySettings
+                    return preparation
+                }(),
                 successTerminationBehavior: .ignore))
         services.append(.init(service: store.readBatches))
         if let replicas = self.replicas { services.append(.init(service: replicas)) }
@@ -156,7 +161,9 @@ struct DaemonAssembly {
                 service: Gated(
                     after: self.listening,
                     SettingsListener(
-                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
+                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger,
+                        notifySettings: notifySettings,
+                        pollInterval: schedulerConfiguration.idlePoll, status: dependencies.notifications))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
         if configuration.historyMove {
             // Returns once there is nothing (left) to move.
