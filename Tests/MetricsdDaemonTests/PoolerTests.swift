@@ -209,6 +209,39 @@ import Testing
         }
     }
 
+    /// `metricsd check-config` through PgBouncer in transaction mode: it finds the pooler and that it shares server
+    /// sessions and does not carry named statements; `METRICSD_DB_PREPARED_STATEMENTS=named` and an `options` in
+    /// the string are problems naming what to change, no notification URL a warning; session mode is no problem.
+    @Test(.timeLimit(.minutes(2))) func checkConfigRecognisesAPoolerItCannotWorkWithAsConfigured() async throws {
+        try await withTestDatabase { database in
+            try await withPgBouncer(.transaction) { bouncer in
+                let pooled = bouncer.url(database: database.name)
+                let named = try await Self.checkConfig(pooled, extra: ["METRICSD_DB_PREPARED_STATEMENTS": "named"])
+                #expect(named.status == 78, "\(named.output)")  // EX_CONFIG
+                #expect(named.output.contains("shares server sessions between clients (transaction pooling); it does not carry named statements"), "\(named.output)")
+                #expect(named.output.contains("METRICSD_DB_PREPARED_STATEMENTS: named prepared statements fail through this pooler"), "\(named.output)")
+                #expect(named.output.contains("warning: METRICSD_NOTIFY_DATABASE_URL: not set while DATABASE_URL goes through a pooler"), "\(named.output)")
+                let options = try await Self.checkConfig(pooled + "&options=-c%20jit%3Doff", extra: [:])
+                #expect(options.status == 78)
+                #expect(options.output.contains("unsupported startup parameter") && options.output.contains("remove options from DATABASE_URL"), "\(options.output)")
+                let auto = try await Self.checkConfig(pooled, extra: ["METRICSD_NOTIFY_DATABASE_URL": database.url])
+                #expect(auto.status == 0, "\(auto.output)")
+            }
+            try await withPgBouncer(.session) { bouncer in
+                let session = try await Self.checkConfig(
+                    bouncer.url(database: database.name), extra: ["METRICSD_DB_PREPARED_STATEMENTS": "named"])
+                #expect(session.output.contains("keeps a server session per client (session pooling)"), "\(session.output)")
+                #expect(!session.output.contains("named prepared statements fail"), "\(session.output)")
+            }
+        }
+    }
+
+    static func checkConfig(_ url: String, extra: [String: String]) async throws -> (status: Int32, output: String) {
+        var environment = DaemonProcess.environment(databaseURL: url, port: DaemonProcess.freePort(), extra: extra)
+        environment["METRICSD_LISTEN"] = "127.0.0.1:\(DaemonProcess.freePort())"
+        return try await Subprocess.run(try DaemonProcess.binary(), ["check-config"], environment: environment)
+    }
+
     // MARK: Tools
 
     static func start(_ url: String, extra: [String: String]) throws -> DaemonProcess {

@@ -160,10 +160,7 @@ public struct Configuration: Sendable {
         self.acquireTimeoutMilliseconds = try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS")
         self.sessionMaxAgeSeconds = try reader.number("METRICSD_DB_SESSION_MAX_AGE")
         self.statementDeadlineSeconds = try reader.number("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
-        self.statementMode = try reader.parse(
-            "METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed"
-        ) { ConnectionSettings.StatementMode(rawValue: $0.lowercased()) }
-        self.notifyDatabaseURL = reader["METRICSD_NOTIFY_DATABASE_URL"]
+        (self.statementMode, self.notifyDatabaseURL) = try Self.poolerSettings(reader)
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
@@ -188,6 +185,16 @@ public struct Configuration: Sendable {
             Int($0).flatMap { $0 >= MetricsFormula.current.version ? $0 : nil }
         }
         self.formula = testVersion.map { MetricsFormula.rehearsal(version: $0) } ?? .current
+    }
+
+    /// `METRICSD_DB_PREPARED_STATEMENTS` and `METRICSD_NOTIFY_DATABASE_URL`.
+    private static func poolerSettings(_ reader: EnvironmentReader) throws(ConfigurationError)
+        -> (ConnectionSettings.StatementMode, String?)
+    {
+        let mode = try reader.parse("METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed") {
+            ConnectionSettings.StatementMode(rawValue: $0.lowercased())
+        }
+        return (mode, reader["METRICSD_NOTIFY_DATABASE_URL"])
     }
 
     /// The libpq connection settings (validates `DATABASE_URL` with libpq's own parser).

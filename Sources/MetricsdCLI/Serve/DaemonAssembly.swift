@@ -67,6 +67,15 @@ struct DaemonAssembly {
         self.logger = logger
     }
 
+    /// Migrations (with `serve --migrate`) and the schema check before anything else uses the database.
+    private func databasePreparation(directSettings: ConnectionSettings?) -> DatabasePreparation {
+        var preparation = DatabasePreparation(
+            pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
+            logger: self.logger)
+        preparation.directSettings = directSettings
+        return preparation
+    }
+
     func group() throws(TLSIdentityError) -> ServiceGroup {
         let configuration = self.configuration
         let formula = configuration.formula
@@ -139,13 +148,7 @@ struct DaemonAssembly {
         }
         services.append(
             .init(
-                service: {
-                    var preparation = DatabasePreparation(
-                        pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
-                        logger: self.logger)
-                    preparation.directSettings = notifySettings
-                    return preparation
-                }(),
+                service: self.databasePreparation(directSettings: notifySettings),
                 successTerminationBehavior: .ignore))
         services.append(.init(service: store.readBatches))
         if let replicas = self.replicas { services.append(.init(service: replicas)) }
