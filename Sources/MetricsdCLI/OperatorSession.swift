@@ -19,6 +19,10 @@ public struct OperatorSession: Sendable {
     let configuration: Configuration
     let pool: PostgresPool
     let logger: Logger
+    /// `METRICSD_NOTIFY_DATABASE_URL`: where to LISTEN when `DATABASE_URL` goes through a pooler.
+    var notifySettings: ConnectionSettings?
+    /// How long a waiting command rides through a lost database (a failover) before it gives up.
+    static let reconnectDeadline = Duration.seconds(120)
 
     /// A failure to report as one line (`Error: … [code]`) with exit code 1.
     public struct Failure: CodedError {
@@ -57,13 +61,15 @@ public struct OperatorSession: Sendable {
         }
         let logger = Logger(label: "metricsd")
         let settings: ConnectionSettings
+        let notifySettings: ConnectionSettings?
         do {
             settings = try configuration.connectionSettings(environment: environment)
+            notifySettings = try configuration.notifySettings(environment: environment)
         } catch {
             throw Failure("configuration error: \(error)", code: error.errorCode)
         }
         let pool = PostgresPool(settings: settings, configuration: .init(size: 2, acquireTimeout: .seconds(30)), logger: logger)
-        let tool = OperatorSession(configuration: configuration, pool: pool, logger: logger)
+        let tool = OperatorSession(configuration: configuration, pool: pool, logger: logger, notifySettings: notifySettings)
         do {
             try await body(tool)
             await pool.close()
@@ -93,7 +99,7 @@ public struct OperatorSession: Sendable {
     // MARK: migrate
 
     public func migrate(dryRun: Bool) async throws {
-        let migrator = Migrator()
+        let migrator = Migrator(directSettings: self.notifySettings)
         if dryRun {
             let status = try await self.pool.withConnection { try migrator.status(on: $0) }
             Self.print("applied: \(migrator.migrations.count - status.pending.count), pending: \(status.pending.count)")
@@ -147,7 +153,7 @@ public struct OperatorSession: Sendable {
         }
         var lastLine = ContinuousClock.now - .seconds(10)
         while true {
-            guard let job = try await self.jobs.job(id: jobID) else {
+            guard let job = try await self.ridingThroughFailover({ try await self.jobs.job(id: jobID) }) else {
                 throw Failure("recompute job \(jobID) vanished", code: AppError.Code.jobNotFound.rawValue)
             }
             if terminal {
@@ -187,11 +193,47 @@ public struct OperatorSession: Sendable {
         let connection: PostgresConnection
     }
 
+    /// Listens on `METRICSD_NOTIFY_DATABASE_URL`, else on `DATABASE_URL` unless it goes through a pooler (which
+    /// would strand the LISTEN in one of its server sessions): then throws, and the caller polls.
     private func listen(channel: String) async throws -> Listener {
-        let connection = try await self.pool.openDedicatedConnection()
+        let connection = try await self.pool.openDedicatedConnection(settings: self.notifySettings)
+        if self.notifySettings == nil && connection.isPooled {
+            throw PostgresError(
+                code: .connectionFailed,
+                message: "DATABASE_URL goes through a connection pooler and METRICSD_NOTIFY_DATABASE_URL is not set")
+        }
         let listener = Listener(connection: connection)
         try await self.pool.runBlocking { try listener.connection.execute("LISTEN \(channel)") }
         return listener
+    }
+
+    /// Runs `body` again while the database is lost or refuses connections (a failover: the old primary gone, the
+    /// new one not yet answering, HAProxy closing what it accepted), saying so once per outage, for at most
+    /// ``reconnectDeadline`` from the first failure; any other error, and a lost database past that, is thrown.
+    func ridingThroughFailover<T>(_ body: () async throws -> T) async throws -> T {
+        var since: ContinuousClock.Instant?
+        while true {
+            do {
+                let value = try await body()
+                if since != nil { Self.print("the database answers again") }
+                return value
+            } catch let error as PostgresError where Self.isTransient(error) {
+                let first = since ?? ContinuousClock.now
+                if since == nil {
+                    Self.print("waiting for the database (\(error.message.split(separator: "\n").first ?? "")); retrying for up to \(Self.reconnectDeadline)")
+                }
+                since = first
+                guard ContinuousClock.now - first < Self.reconnectDeadline else { throw error }
+                try await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// A lost or refused connection, a server shutting down or starting, a standby that refuses writes.
+    static func isTransient(_ error: PostgresError) -> Bool {
+        if error.code == .connectionLost || error.code == .connectionFailed { return true }
+        guard let state = error.sqlState else { return false }
+        return state.hasPrefix("08") || ["57P01", "57P02", "57P03", "25006"].contains(state)
     }
 
     public func recomputeStatus(id: Int64?, json: Bool) async throws {
@@ -300,7 +342,33 @@ public struct OperatorSession: Sendable {
         let report = try await StatusReport.gather(
             pool: self.pool, dailyAt: self.configuration.dailyAt, formula: self.configuration.formula,
             retentionDays: self.configuration.retentionDays, historyMoveOn: self.configuration.historyMove)
-        Self.print(json ? report.json : report.text)
+        Self.print(json ? report.json : report.text + "\n\n" + (await self.notificationsLine()))
+    }
+
+    /// Whether the daemons of this configuration hear notifications, found out as they do: a notification sent
+    /// through `DATABASE_URL` must arrive, within 2 s, where they LISTEN.
+    func notificationsLine() async -> String {
+        let poll = "polled every \(Setting.format(self.configuration.idlePoll.seconds)) s"
+        let place = self.notifySettings == nil ? "DATABASE_URL" : "METRICSD_NOTIFY_DATABASE_URL"
+        do {
+            let listener = Listener(connection: try await self.pool.openDedicatedConnection(settings: self.notifySettings))
+            if self.notifySettings == nil && listener.connection.isPooled {
+                return "notifications: \(poll) (DATABASE_URL goes through a connection pooler and METRICSD_NOTIFY_DATABASE_URL is not set)"
+            }
+            try await self.pool.runBlocking { try listener.connection.execute("LISTEN metricsd_status_probe") }
+            let nonce = String(UInt64.random(in: 1...UInt64.max), radix: 16)
+            let sent = ContinuousClock.now
+            try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_status_probe', $1)", [nonce]) }
+            while ContinuousClock.now - sent < .seconds(2) {
+                let arrived = try await self.pool.runBlocking {
+                    try listener.connection.waitForNotifications(timeoutMilliseconds: 200).contains { $0.payload == nonce }
+                }
+                if arrived { return "notifications: arrive on \(place) (LISTEN)" }
+            }
+            return "notifications: \(poll): a notification sent through DATABASE_URL did not arrive on \(place) within 2 s"
+        } catch {
+            return "notifications: not checked (\(error))"
+        }
     }
 
     // MARK: healthcheck

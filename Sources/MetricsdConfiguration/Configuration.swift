@@ -98,6 +98,11 @@ public struct Configuration: Sendable {
     /// `METRICSD_DB_STATEMENT_DEADLINE_SECONDS`: how long one database statement may go without an answer before
     /// it is cancelled and its connection dropped (default 30; migrations have no limit).
     public var statementDeadline: Duration
+    /// `METRICSD_DB_PREPARED_STATEMENTS`: named or unnamed prepared statements, or `auto` (the default: unnamed
+    /// when a pooler answers).
+    public var statementMode: ConnectionSettings.StatementMode
+    /// `METRICSD_NOTIFY_DATABASE_URL`: where to LISTEN when `DATABASE_URL` goes through a pooler (nil: unset).
+    public var notifyDatabaseURL: String?
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
 
@@ -154,6 +159,7 @@ public struct Configuration: Sendable {
         self.acquireTimeout = .milliseconds(try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS"))
         self.sessionMaxAge = try reader.duration("METRICSD_DB_SESSION_MAX_AGE")
         self.statementDeadline = try reader.duration("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
+        (self.statementMode, self.notifyDatabaseURL) = try Self.poolerSettings(reader)
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
@@ -180,12 +186,23 @@ public struct Configuration: Sendable {
         self.formula = testVersion.map { MetricsFormula.rehearsal(version: $0) } ?? .current
     }
 
+    /// `METRICSD_DB_PREPARED_STATEMENTS` and `METRICSD_NOTIFY_DATABASE_URL`.
+    private static func poolerSettings(_ reader: EnvironmentReader) throws(ConfigurationError)
+        -> (ConnectionSettings.StatementMode, String?)
+    {
+        let mode = try reader.parse("METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed") {
+            ConnectionSettings.StatementMode(rawValue: $0.lowercased())
+        }
+        return (mode, reader["METRICSD_NOTIFY_DATABASE_URL"])
+    }
+
     /// The libpq connection settings (validates `DATABASE_URL` with libpq's own parser).
     public func connectionSettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings {
         do {
             var settings = try ConnectionSettings(
                 conninfo: self.databaseURL, password: self.databasePassword, environment: environment)
             settings.statementDeadlineSeconds = self.statementDeadline.seconds
+            settings.statementMode = self.statementMode
             return settings
         } catch {
             throw ConfigurationError(.databaseURLInvalid, error.message)
@@ -194,6 +211,21 @@ public struct Configuration: Sendable {
 }
 
 extension Configuration {
+    /// The session for LISTEN (`METRICSD_NOTIFY_DATABASE_URL`), nil when unset; errors name that setting.
+    public func notifySettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings? {
+        guard let url = self.notifyDatabaseURL else { return nil }
+        do {
+            var settings = try ConnectionSettings(
+                conninfo: url, password: self.databasePassword, environment: environment,
+                setting: "METRICSD_NOTIFY_DATABASE_URL")
+            settings.statementDeadlineSeconds = self.statementDeadline.seconds
+            settings.statementMode = self.statementMode
+            return settings
+        } catch {
+            throw ConfigurationError(.databaseURLInvalid, error.message)
+        }
+    }
+
     /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
     public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer] {
         guard let url = self.readDatabaseURL else { return [] }

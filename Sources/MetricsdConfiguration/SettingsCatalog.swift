@@ -169,6 +169,14 @@ public enum SettingsCatalog {
             "Seconds one database statement (a COMMIT included) may take before metricsd cancels it and drops the connection, so nothing waits forever on a server that stopped answering (a promoted standby still waiting for a synchronous standby, a vanished host). Migrations have no deadline."
         ),
         Setting(
+            "METRICSD_DB_PREPARED_STATEMENTS", .database, .choice(["auto", "named", "unnamed"]), default: "auto",
+            "Named prepared statements (prepared once per session: the cheapest) or unnamed ones (parsed and planned with every statement, in one message sequence a pooler keeps on one server). auto: named on a direct connection (or through HAProxy), unnamed when a connection pooler answers instead of PostgreSQL (PgBouncer: its cancel key differs from pg_backend_pid()). Set named behind PgBouncer in session mode, or PgBouncer 1.21 and later with max_prepared_statements above 0; unnamed is always safe."
+        ),
+        Setting(
+            "METRICSD_NOTIFY_DATABASE_URL", .database, .conninfo, unset: "DATABASE_URL, when it is not a pooler",
+            "Where the daemon LISTENs for settings changes and work, and recompute-all --wait for its job: PostgreSQL's primary itself (or HAProxy's primary port, or a PgBouncer pool in session mode), when DATABASE_URL goes through a transaction-mode pooler, which delivers notifications to the wrong client or drops them. Migrations that run outside a transaction run there too (they need one server session throughout). Unset and DATABASE_URL pooled, or set and a notification the daemon sends itself does not arrive within 2 s: no LISTEN at all, settings changes are picked up by polling every METRICSD_IDLE_POLL_SECONDS, and it says so (a start-up warning, /readyz detail, metricsd_notifications_usable 0, metricsd status)."
+        ),
+        Setting(
             "METRICSD_DB_SESSION_MAX_AGE", .database, .number(1...86_400), default: "600",
             "Seconds a database session is used before a new one replaces it. Sessions keep a time zone's rules once loaded, so after a tzdata update on the database server the daemon follows the new rules within this time (plus one scheduler tick)."
         ),

@@ -6,8 +6,11 @@ import MetricsdMasking
 ///
 /// An empty `conninfo` means libpq's own defaults and the `PG*` environment (`PGHOST`, `PGSERVICE`,
 /// `PGSSLMODE`, `.pgpass` …) exactly as psql would use them. metricsd only adds `application_name=metricsd`,
-/// `connect_timeout=5`, TCP keepalives, `tcp_user_timeout=30000` and `options=-c jit=off`, each placed *before* the
-/// connection string so that anything the operator wrote wins, and each left out when its `PG*` variable is set.
+/// `connect_timeout=5`, TCP keepalives and `tcp_user_timeout=30000`, each placed *before* the connection string so
+/// that anything the operator wrote wins, and each left out when its `PG*` variable is set. Nothing else goes into
+/// the startup packet: a connection pooler (PgBouncer) refuses any startup parameter it does not track, such as
+/// `options`, and with `ignore_startup_parameters` drops it silently. What metricsd needs of a session it sets per
+/// transaction (`SET LOCAL`), which survives any pooler.
 ///
 /// Nothing waits forever on the server: connecting gives up after `connect_timeout` (per host of a multi-host
 /// string), a dead peer is noticed by keepalives and `tcp_user_timeout`, and every statement has a client-side
@@ -41,6 +44,28 @@ public struct ConnectionSettings: Sendable {
     /// libpq's `connect_timeout` for these settings, in seconds as libpq applies it (per host, at least 2); nil: no
     /// limit (0 or negative).
     public let connectTimeoutSeconds: Double?
+    /// Named or unnamed prepared statements (`METRICSD_DB_PREPARED_STATEMENTS`); see ``StatementMode``.
+    public var statementMode: StatementMode = .auto
+
+    /// How ``PostgresConnection/prepared(_:_:_:)`` runs a statement.
+    ///
+    /// A named statement is prepared once per session and then only bound and executed: the cheapest, but it lives
+    /// in the server session that prepared it. Through a transaction-mode pooler (PgBouncer before 1.21, or later
+    /// without `max_prepared_statements`) each statement outside a transaction may run on another server session,
+    /// where the name is missing (26000) or another client's (42P05). An unnamed statement is parsed, planned and
+    /// executed in one message sequence ending in one Sync, which a pooler keeps on one server: it works through
+    /// every pooler, at the cost of a parse and plan per statement.
+    public enum StatementMode: String, Sendable, CaseIterable {
+        /// Named statements always: a direct connection, HAProxy, PgBouncer in session mode, PgBouncer 1.21 and
+        /// later with `max_prepared_statements` above 0.
+        case named
+        /// Unnamed statements always.
+        case unnamed
+        /// Named on a direct connection, unnamed when a pooler answers instead of PostgreSQL: a pooler answers the
+        /// start-up with a cancel key of its own, so the process id libpq was given differs from
+        /// `pg_backend_pid()` (a TCP proxy such as HAProxy passes the server's through, and stays named).
+        case auto
+    }
     let defaults: [(String, String)]
 
     /// Validates the connection string with libpq's own parser; a malformed one throws `.badConnectionString`,
@@ -65,10 +90,6 @@ public struct ConnectionSettings: Sendable {
         defaults += [("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3")]
         // Data sent but not acknowledged for 30 s (a peer that vanished mid-statement): the connection is dead.
         defaults.append(("tcp_user_timeout", "30000"))
-        // No JIT on metricsd's sessions: its statements are short, but the planner's estimate for the enqueue
-        // statement (thousands of zones × dates) is high enough that PostgreSQL JIT-compiles it on every tick,
-        // ~1–1.7 s of CPU for ~0.25 s of work. An `options` in the string or PGOPTIONS replaces this.
-        if environment["PGOPTIONS"] == nil { defaults.append(("options", "-c jit=off")) }
         self.conninfo = conninfo
         self.setting = setting
         self.password = password
@@ -88,6 +109,7 @@ public struct ConnectionSettings: Sendable {
         self.acceptsReadOnly = base.acceptsReadOnly
         self.connectDeadlineSeconds = base.connectDeadlineSeconds
         self.connectTimeoutSeconds = base.connectTimeoutSeconds
+        self.statementMode = base.statementMode
         self.defaults = base.defaults
     }
 
@@ -204,6 +226,13 @@ public struct ConnectionSettings: Sendable {
         default:
             break
         }
+    }
+
+    /// Whether the string (or `PGOPTIONS`) sets `options`: a startup parameter a connection pooler refuses.
+    public func setsStartupOptions(environment: [String: String]) -> Bool {
+        if let options = environment["PGOPTIONS"], !options.isEmpty { return true }
+        let values = (try? Self.parse(self.conninfo, setting: self.setting, mask: self.mask)) ?? []
+        return values.contains { $0.0 == "options" && !$0.1.isEmpty }
     }
 
     /// The keywords and values handed to `PQconnectdbParams` with `expand_dbname = 1`: defaults, then the

@@ -47,9 +47,12 @@ public struct SchemaStatus: Sendable, Equatable {
 }
 
 /// Applies `migrations/` in order, each in its own transaction, recorded with its checksum in
-/// `metricsd_migrations`. A session advisory lock makes concurrent runs (several instances starting at once)
-/// take turns: the second finds everything applied and does nothing. A migration whose text changed after it was
-/// applied stops everything with an error naming it.
+/// `metricsd_migrations`. Concurrent runs (several instances starting at once) take turns on a transaction-scoped
+/// advisory lock taken inside each migration's transaction, which also checks whether the migration was applied
+/// meanwhile: the second run finds everything applied and does nothing. A lock of the transaction's own survives a
+/// transaction-mode pooler (the transaction runs in one server session) and ends with it whatever happens; a session
+/// lock would be taken in one pooled server session, the work done in others, and left held. A migration whose text
+/// changed after it was applied stops everything with an error naming it.
 ///
 /// A migration marked ``Migration/outsideTransactionMarker`` runs statement by statement instead, each committed
 /// on its own (`MigrationScript` says how the file is split): for `CREATE INDEX CONCURRENTLY` and the like, which
@@ -59,21 +62,32 @@ public struct SchemaStatus: Sendable, Equatable {
 /// EXISTS`, a query that generates only what is missing, an invalid index from an interrupted build dropped
 /// first). A statement that gives up waiting for a lock (SQLSTATE 55P03, under a `lock_timeout` the statement
 /// sets itself) is tried again after a pause, so that a strong lock is never queued for long in front of other
-/// sessions. The lock that makes instances take turns is waited for by polling, never inside a statement: a
-/// statement waiting for it would hold a snapshot, which `CREATE INDEX CONCURRENTLY` in the instance holding the
-/// lock waits for (a deadlock).
+/// sessions. Such a migration cannot hold a transaction's lock while it runs, so an instance claims it first: a row
+/// in `metricsd_migration_claims` (written under the lock), renewed every few seconds from a session of its own
+/// while the statements run and removed when the migration is recorded. Another instance waits for the claim by
+/// polling, never inside a statement (a statement waiting would hold a snapshot, which `CREATE INDEX CONCURRENTLY`
+/// in the claiming instance waits for: a deadlock); a claim not renewed for ``claimStaleSeconds`` (its instance
+/// died) is taken over, and its migration started again from its first statement.
 public struct Migrator: Sendable {
     /// The advisory lock key: `hashtext('metricsd.migrate')` would do too, but a constant is easy to look up in
     /// `pg_locks` (classid 0x6d657472 'metr', objid 0x69637364 'icsd').
     static let lockKey: Int64 = 0x6d65_7472_6963_7364
 
     public let migrations: [Migration]
+    /// A session past the pooler (`METRICSD_NOTIFY_DATABASE_URL`) for migrations outside a transaction when the
+    /// migrating connection goes through a pooler: their statements need one server session from first to last
+    /// (a session-local function in `pg_temp`, the session's timeouts), which a transaction pooler does not keep.
+    public let directSettings: ConnectionSettings?
     /// How long to wait before trying a statement again that gave up waiting for a lock, and how many times.
     let lockRetryPause: Duration
     let lockRetries: Int
 
-    public init(migrations: [Migration] = Migration.all, lockRetryPause: Duration = .seconds(2), lockRetries: Int = 150) {
+    public init(
+        migrations: [Migration] = Migration.all, lockRetryPause: Duration = .seconds(2), lockRetries: Int = 150,
+        directSettings: ConnectionSettings? = nil
+    ) {
         self.migrations = migrations
+        self.directSettings = directSettings
         self.lockRetryPause = lockRetryPause
         self.lockRetries = lockRetries
     }
@@ -129,16 +143,22 @@ public struct Migrator: Sendable {
         let deadline = connection.statementDeadlineSeconds
         connection.statementDeadlineSeconds = nil
         defer { connection.statementDeadlineSeconds = deadline }
-        try self.takeTurn(on: connection, logger: logger)
-        defer { _ = try? connection.query("SELECT pg_advisory_unlock($1)", [String(Self.lockKey)]) }
-        try connection.execute(
-            """
-            CREATE TABLE IF NOT EXISTS metricsd_migrations (
-              name       TEXT PRIMARY KEY,
-              checksum   TEXT NOT NULL,
-              applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-            )
-            """)
+        try connection.transaction { connection in
+            try Self.lock(on: connection)
+            try connection.execute(
+                """
+                CREATE TABLE IF NOT EXISTS metricsd_migrations (
+                  name       TEXT PRIMARY KEY,
+                  checksum   TEXT NOT NULL,
+                  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+                );
+                CREATE TABLE IF NOT EXISTS metricsd_migration_claims (
+                  name       TEXT PRIMARY KEY,
+                  holder     TEXT NOT NULL,
+                  renewed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+                )
+                """)
+        }
         let status = try self.status(on: connection)
         if let first = status.changed.first {
             throw MigrationError(
@@ -149,25 +169,48 @@ public struct Migrator: Sendable {
         for (index, name) in status.pending.enumerated() {
             guard let migration = self.migrations.first(where: { $0.name == name }) else { continue }
             beforeStep(name, index + 1, status.pending.count)
-            logger.info("Applying migration", metadata: ["metricsd.migration": "\(name)"])
+            let done: Bool
             do {
                 if migration.runsOutsideTransaction {
-                    try self.applyStatementByStatement(migration, on: connection, logger: logger) {
+                    done = try self.applyOutsideTransaction(migration, on: connection, logger: logger) {
                         beforeStep(name, index + 1, status.pending.count)
                     }
-                    try Self.record(migration, on: connection)
                 } else {
-                    try connection.transaction { connection in
+                    done = try connection.transaction { connection in
+                        try Self.lock(on: connection)
+                        guard try !Self.isApplied(migration, on: connection) else { return false }
+                        logger.info("Applying migration", metadata: ["metricsd.migration": "\(name)"])
                         try connection.execute(migration.sql)
                         try Self.record(migration, on: connection)
+                        return true
                     }
                 }
             } catch let error as PostgresError {
                 throw MigrationError(.failed, "migration \(name) failed: \(error)")
             }
-            applied.append(name)
+            if done { applied.append(name) }
         }
         return applied
+    }
+
+    /// Waits for and takes the migration lock of the transaction in progress (released at its end).
+    static func lock(on connection: PostgresConnection) throws {
+        try connection.query("SELECT pg_advisory_xact_lock($1)", [String(Self.lockKey)])
+    }
+
+    /// Whether `migration` is recorded as applied (by another instance while this one waited); one recorded with
+    /// another text throws `.changed`.
+    static func isApplied(_ migration: Migration, on connection: PostgresConnection) throws -> Bool {
+        let result = try connection.query("SELECT checksum FROM metricsd_migrations WHERE name = $1", [migration.name])
+        guard result.rowCount > 0, let recorded = result.string(0, 0) else { return false }
+        if try Self.checksum(migration.sql, on: connection) != recorded,
+            !(Self.rewordedChecksums[migration.name] ?? []).contains(recorded)
+        {
+            throw MigrationError(
+                .changed,
+                "migration \(migration.name) was changed after it was applied; restore the original file and add a new migration instead")
+        }
+        return true
     }
 
     /// Checksums of earlier texts of migrations whose comments were reworded later (the statements are the same),
@@ -178,7 +221,7 @@ public struct Migrator: Sendable {
         "0002_acknowledgements.sql": ["71d5aa71e3ad0c4cbc3d181fbc145db5ad28f27bdee6aa5ed15da9d1de422b38"],
     ]
 
-    private static func record(_ migration: Migration, on connection: PostgresConnection) throws {
+    static func record(_ migration: Migration, on connection: PostgresConnection) throws {
         try connection.query(
             "INSERT INTO metricsd_migrations (name, checksum) VALUES ($1, encode(sha256(convert_to($2, 'UTF8')), 'hex'))",
             [migration.name, migration.sql])

@@ -16,6 +16,13 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     private let mask: SecretMask
     /// A read server's session (`ConnectionSettings.acceptsReadOnly`): a hot standby is what it wants.
     private let acceptsReadOnly: Bool
+    /// A connection pooler answers for the server: the process id libpq got at start-up is not the server
+    /// process's (`pg_backend_pid()`). Each statement outside a transaction may then run in another server session.
+    public private(set) var isPooled = false
+    /// Whether ``prepared(_:_:_:)`` uses named statements (``ConnectionSettings/StatementMode``).
+    public private(set) var usesNamedStatements = true
+    /// What this connection was opened with (another session to the same place is opened from it).
+    public let settings: ConnectionSettings
 
     /// Opens a connection (blocking; call from a thread-pool thread): within `settings.connectDeadlineSeconds` when
     /// set, else as libpq does (`connect_timeout` per host).
@@ -40,9 +47,16 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         // Server notices ("relation … already exists, skipping") would go to stderr: drop them.
         PQsetNoticeProcessor(handle, { _, _ in }, nil)
         self.handle = handle
+        self.settings = settings
         self.mask = settings.mask
         self.statementDeadlineSeconds = settings.statementDeadlineSeconds
         self.acceptsReadOnly = settings.acceptsReadOnly
+        self.isPooled = try self.query("SELECT pg_backend_pid()").int(0, 0) != Int64(PQbackendPID(handle))
+        switch settings.statementMode {
+        case .named: self.usesNamedStatements = true
+        case .unnamed: self.usesNamedStatements = false
+        case .auto: self.usesNamedStatements = !self.isPooled
+        }
         if settings.acceptsReadOnly { return }
         // A read-only server (a hot standby, or one set to default_transaction_read_only) cannot do metricsd's work:
         // refuse it here rather than fail every write on it. libpq already skips such hosts with
@@ -99,7 +113,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
 
     deinit { PQfinish(self.handle) }
 
-    /// The server process serving this connection (`pg_backend_pid()`).
+    /// The process id libpq was given at start-up: the server process's on a direct connection, a pooler's own
+    /// number through a pooler.
     public var backendPID: Int32 { PQbackendPID(self.handle) }
 
     /// True while libpq believes the connection is usable and the server takes writes on it (a read server's: is
@@ -113,6 +128,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     }
 
     /// Runs one statement with text parameters (`$1`, `$2` …; nil is SQL NULL). Values never enter the SQL text.
+    /// An unnamed statement: Parse, Bind, Describe, Execute and one Sync go out together, so a pooler runs them in
+    /// one server session (never split them over two Syncs: through a pooler the second part could run another
+    /// client's unnamed statement).
     @discardableResult
     public func query(_ sql: String, _ parameters: [String?] = []) throws(PostgresError) -> PostgresResult {
         let sent = Self.withOptionalCStrings(parameters) { values in
@@ -121,11 +139,13 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         return try self.check(self.awaitResult(sent: sent))
     }
 
-    /// Runs a statement through a named prepared statement, preparing it on first use on this connection.
+    /// Runs a statement through a named prepared statement, preparing it on first use on this connection; when
+    /// the connection uses unnamed statements, as ``query(_:_:)`` does (the name is then unused).
     @discardableResult
     public func prepared(_ name: String, _ sql: String, _ parameters: [String?] = []) throws(PostgresError)
         -> PostgresResult
     {
+        guard self.usesNamedStatements else { return try self.query(sql, parameters) }
         if !self.preparedNames.contains(name) {
             let sent = PQsendPrepare(self.handle, name, sql, Int32(parameters.count), nil)
             _ = try self.check(self.awaitResult(sent: sent))

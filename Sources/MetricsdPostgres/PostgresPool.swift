@@ -116,9 +116,10 @@ public final class PostgresPool: Sendable {
         self.settings.statementDeadlineSeconds.map { .now + .nanoseconds(Int64($0 * 1e9)) }
     }
 
-    /// Opens a connection outside the pool (for `LISTEN`), on the pool's thread pool.
-    public func openDedicatedConnection() async throws -> PostgresConnection {
-        let settings = self.settings
+    /// Opens a connection outside the pool (for `LISTEN`), on the pool's thread pool: to the pool's database, or
+    /// with `settings` when given (`METRICSD_NOTIFY_DATABASE_URL`).
+    public func openDedicatedConnection(settings: ConnectionSettings? = nil) async throws -> PostgresConnection {
+        let settings = settings ?? self.settings
         return try await self.threadPool.runIfActive { () throws -> UnsafeTransfer<PostgresConnection> in
             UnsafeTransfer(try PostgresConnection(settings: settings))
         }.value

@@ -44,6 +44,7 @@ public enum Daemon {
         let readServers: [ConnectionSettings.ReadServer]
         do {
             readServers = try configuration.readServers(environment: environment)
+            _ = try configuration.notifySettings(environment: environment)  // refused here, used by the assembly
         } catch {
             return Self.fatal(
                 "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)

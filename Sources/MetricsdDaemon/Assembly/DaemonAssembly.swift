@@ -70,6 +70,15 @@ struct DaemonAssembly {
         self.logger = logger
     }
 
+    /// Migrations (with `serve --migrate`) and the schema check before anything else uses the database.
+    private func databasePreparation(directSettings: ConnectionSettings?) -> DatabasePreparation {
+        var preparation = DatabasePreparation(
+            pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
+            logger: self.logger)
+        preparation.directSettings = directSettings
+        return preparation
+    }
+
     func group() throws(TLSIdentityError) -> ServiceGroup {
         let configuration = self.configuration
         let formula = configuration.formula
@@ -125,6 +134,7 @@ struct DaemonAssembly {
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
             requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
 
+        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil  // checked at start
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: SignalService(
@@ -143,9 +153,7 @@ struct DaemonAssembly {
         }
         services.append(
             .init(
-                service: DatabasePreparation(
-                    pool: self.pool, migrate: self.migrate, notifier: self.notifier, prepared: self.databasePrepared,
-                    logger: self.logger),
+                service: self.databasePreparation(directSettings: notifySettings),
                 successTerminationBehavior: .ignore))
         services.append(.init(service: store.readBatches))
         if let replicas = self.replicas { services.append(.init(service: replicas)) }
@@ -161,7 +169,9 @@ struct DaemonAssembly {
                 service: Gated(
                     after: self.listening,
                     SettingsListener(
-                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger))))
+                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger,
+                        notifySettings: notifySettings,
+                        pollInterval: schedulerConfiguration.idlePoll, status: dependencies.notifications))))
         services.append(.init(service: Gated(after: self.listening, scheduler)))
         if configuration.historyMove {
             // Returns once there is nothing (left) to move.

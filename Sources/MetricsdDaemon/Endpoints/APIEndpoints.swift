@@ -22,6 +22,8 @@ public struct HTTPDependencies: Sendable {
     public var requestLog: RequestLog
     /// Peers whose `Forwarded`/`X-Forwarded-For` name the client in the request log.
     public var trustedProxies = TrustedProxies()
+    /// Whether the daemon hears notifications or polls (`/readyz`'s detail).
+    public var notifications = NotificationStatus()
     /// Requests in flight, shared by every listener.
     package let inFlight = InFlightCounter()
     /// Exports streaming, shared by every listener.
@@ -54,7 +56,7 @@ public enum HTTPEndpoints: Sendable {
     case `internal`(PrometheusCollectorRegistry)
 
     func list(_ dependencies: HTTPDependencies) -> [Endpoint] {
-        let health = HealthController(store: dependencies.store).endpoints
+        let health = HealthController(store: dependencies.store, notifications: dependencies.notifications).endpoints
         let admin = dependencies.jobs.map { AdminController(jobs: $0, formula: dependencies.formula).endpoints } ?? []
         let user =
             ProfileMetricsController(store: dependencies.store, formula: dependencies.formula).endpoints

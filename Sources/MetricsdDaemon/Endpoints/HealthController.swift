@@ -1,3 +1,4 @@
+import MetricsdWork
 import MetricsdHTTP
 import HealthMetrics
 import HTTPTypes
@@ -7,9 +8,11 @@ import NIOCore
 /// second: ``ReadinessProbe``) and `/openapi.yaml`.
 struct HealthController {
     let store: any MetricsStore
+    let notifications: NotificationStatus
 
     var endpoints: [Endpoint] {
         let probe = ReadinessProbe(store: self.store)
+        let notifications = self.notifications
         return [
             Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
             Endpoint(
@@ -24,6 +27,8 @@ struct HealthController {
                             "database": .string(readiness.database.rawValue),
                             "schema": .string(readiness.schema.rawValue),
                             "reason": readiness.reason.map { .string($0) } ?? .null,
+                            // Polling is no reason to take the instance out of service: a detail, not a 503.
+                            "notifications": notifications.detail.map { .string($0) } ?? .null,
                             "ageSeconds": .raw(Self.seconds(milliseconds: max(0, milliseconds))),
                         ]), status: readiness.isReady ? .ok : .serviceUnavailable)
                 }),

@@ -52,6 +52,8 @@ package struct DatabasePreparation: Service {
     let notifier: SystemdNotifier
     let prepared: Gate
     let logger: Logger
+    /// `METRICSD_NOTIFY_DATABASE_URL`: where migrations outside a transaction run when `DATABASE_URL` is pooled.
+    package var directSettings: ConnectionSettings?
 
     package init(pool: PostgresPool, migrate: Bool, notifier: SystemdNotifier, prepared: Gate, logger: Logger) {
         self.pool = pool
@@ -98,7 +100,7 @@ package struct DatabasePreparation: Service {
     }
 
     private func prepareSchema() async throws {
-        let migrator = Migrator()
+        let migrator = Migrator(directSettings: self.directSettings)
         let status = try await self.pool.withConnection { try migrator.status(on: $0) }
         if let changed = status.changed.first {
             throw StartupError(

@@ -77,6 +77,10 @@ enum MetricCatalog {
             "metricsd_db_errors_total", .counter, labels: ["kind"],
             "Database errors by kind: connect, connection_lost, query, pool_timeout (no free connection in time)."),
 
+        Entry(
+            "metricsd_notifications_usable", .gauge, labels: [],
+            "1 while the daemon hears settings changes and recompute wake-ups by LISTEN (a notification it sent itself arrived), 0 while it polls for them every METRICSD_IDLE_POLL_SECONDS (DATABASE_URL goes through a pooler and METRICSD_NOTIFY_DATABASE_URL is unset, or notifications do not arrive there)."),
+
         // Read servers (METRICSD_READ_DATABASE_URL)
         Entry(
             "metricsd_read_server_reads_total", .counter, labels: ["server"],

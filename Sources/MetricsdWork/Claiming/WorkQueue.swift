@@ -142,7 +142,18 @@ public struct WorkQueue: Sendable {
             Self.newestMigration,
         ]
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            let created = try connection.prepared("enqueue_due_units", SQL.enqueueDueUnits, parameters)
+            // No JIT for this statement: the planner's estimate (thousands of zones × dates) is high enough that
+            // PostgreSQL would JIT-compile it on every tick, costing several times the statement's own work. Set
+            // for this transaction only, so it survives a transaction-mode pooler and leaks to no other session.
+            try connection.execute("BEGIN; SET LOCAL jit = off")
+            let created: PostgresResult
+            do {
+                created = try connection.prepared("enqueue_due_units", SQL.enqueueDueUnits, parameters)
+                try connection.execute("COMMIT")
+            } catch {
+                if connection.isHealthy { try? connection.execute("ROLLBACK") }
+                throw error
+            }
             return try (0..<created.rowCount).map { row in
                 let date = try created.requiredString(row, 1)
                 guard let localDate = LocalDate(iso: date) else {

@@ -16,7 +16,19 @@ import ServiceLifecycle
 /// listener asks the server whether the session still listens on both channels, with at most
 /// ``checkDeadlineSeconds`` to answer; a session that does not answer is dropped and the listener reconnects (and
 /// sweeps what it missed).
+///
+/// Notifications are never assumed: after every (re)connect the listener sends one itself, from another session,
+/// and listens only if it arrives within ``probeWait``. Through a transaction-mode pooler a LISTEN registers in
+/// whichever server session ran it, and that session's notifications go to whichever client holds it next, or
+/// nowhere; so on a pooled `DATABASE_URL` without `METRICSD_NOTIFY_DATABASE_URL` the listener does not LISTEN at
+/// all (a stranded registration would misroute its channel's notifications for the session's lifetime). Without
+/// notifications it polls: the sweep every `pollInterval`, reported in the log, `/readyz` and
+/// `metricsd_notifications_usable`, and tries listening again every ``relistenInterval`` where it could work.
 package struct SettingsListener: Service {
+    /// How long the listener waits for the notification it sent itself.
+    static let probeWait = Duration.seconds(2)
+    /// How often a listener that polls because its notification did not arrive tries again.
+    static let relistenInterval = Duration.seconds(60)
     /// Silence after which the LISTEN session is checked.
     static let checkInterval = Duration.seconds(5)
     /// The most a check waits for its answer (less when the statement deadline is shorter).
@@ -27,13 +39,25 @@ package struct SettingsListener: Service {
     let signal: WorkSignal
     let sweepInterval: Duration
     let logger: Logger
+    /// Where to LISTEN (`METRICSD_NOTIFY_DATABASE_URL`); nil: `DATABASE_URL`, unless it goes through a pooler.
+    let notifySettings: ConnectionSettings?
+    /// How often settings changes are swept for while notifications do not work.
+    let pollInterval: Duration
+    let status: NotificationStatus
 
-    package init(pool: PostgresPool, queue: WorkQueue, signal: WorkSignal, sweepInterval: Duration, logger: Logger) {
+    package init(
+        pool: PostgresPool, queue: WorkQueue, signal: WorkSignal, sweepInterval: Duration, logger: Logger,
+        notifySettings: ConnectionSettings? = nil, pollInterval: Duration = .seconds(2),
+        status: NotificationStatus = NotificationStatus()
+    ) {
         self.pool = pool
         self.queue = queue
         self.signal = signal
         self.sweepInterval = sweepInterval
         self.logger = logger
+        self.notifySettings = notifySettings
+        self.pollInterval = pollInterval
+        self.status = status
     }
 
     package func run() async throws {
@@ -42,16 +66,29 @@ package struct SettingsListener: Service {
         var failures = 0
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             do {
-                let connection = try await self.pool.openDedicatedConnection()
-                try await self.pool.runBlocking {
-                    try connection.execute("LISTEN metricsd_settings; LISTEN metricsd_work")
-                }
+                let connection = try await self.openConnection()
                 if watermark == nil {
                     // Start ten minutes back: changes made while no daemon was running get picked up.
                     watermark = try await self.pool.runBlocking {
                         try connection.query("SELECT (now() - interval '10 minutes')::text").requiredString(0, 0)
                     }
                 }
+                if let reason = try await self.unusable(connection) {
+                    if lastProblem != reason {
+                        self.logger.warning(
+                            "Notifications do not arrive; polling for settings changes",
+                            metadata: [
+                                "metricsd.reason": "\(reason)",
+                                "metricsd.poll.seconds": "\(Double(self.pollInterval / .milliseconds(1)) / 1000)",
+                            ])
+                        lastProblem = reason
+                    }
+                    self.status.polling(every: Double(self.pollInterval / .milliseconds(1)) / 1000, because: reason)
+                    let structural = self.notifySettings == nil && connection.isPooled
+                    watermark = try await self.poll(since: watermark!, for: structural ? nil : Self.relistenInterval)
+                    continue
+                }
+                self.status.listening()
                 if lastProblem != nil { self.logger.info("Listening for settings changes again") }
                 lastProblem = nil
                 failures = 0
@@ -68,6 +105,47 @@ package struct SettingsListener: Service {
                 try? await cancelWhenGracefulShutdown { try await Task.sleep(for: backoff) }
             }
         }
+    }
+
+    /// The LISTEN session: on `METRICSD_NOTIFY_DATABASE_URL` when set, else a dedicated session of the pool's.
+    private func openConnection() async throws -> PostgresConnection {
+        try await self.pool.openDedicatedConnection(settings: self.notifySettings)
+    }
+
+    /// Nil when `connection` listens and hears a notification sent from another session within ``probeWait``;
+    /// else why not. A pooled `DATABASE_URL` (no notification URL) is not even tried.
+    private func unusable(_ connection: PostgresConnection) async throws -> String? {
+        if self.notifySettings == nil && connection.isPooled {
+            return "DATABASE_URL goes through a connection pooler and METRICSD_NOTIFY_DATABASE_URL is not set"
+        }
+        try await self.pool.runBlocking { try connection.execute("LISTEN metricsd_settings; LISTEN metricsd_work") }
+        let nonce = "probe:" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
+        // From a pool session, never the listener's own: through a pooler that could come back over the very server
+        // session that holds the registration, and pass while nothing else would.
+        try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_settings', $1)", [nonce]) }
+        let deadline = ContinuousClock.now + Self.probeWait
+        while ContinuousClock.now < deadline {
+            let left = Int32(max(10, ((deadline - ContinuousClock.now) / .milliseconds(1)).rounded(.up)))
+            let notifications = try await self.pool.runBlocking {
+                try connection.waitForNotifications(timeoutMilliseconds: left)
+            }
+            // Other notifications meanwhile are left to the sweep that follows.
+            if notifications.contains(where: { $0.payload == nonce }) { return nil }
+        }
+        let place = self.notifySettings == nil ? "DATABASE_URL" : "METRICSD_NOTIFY_DATABASE_URL"
+        return "a notification sent through DATABASE_URL did not arrive on \(place) within \(Self.probeWait)"
+    }
+
+    /// Sweeps for settings changes every ``pollInterval`` for `limit` (nil: until the daemon stops).
+    private func poll(since: String, for limit: Duration?) async throws -> String {
+        var watermark = since
+        let started = ContinuousClock.now
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            watermark = try await self.sweep(since: watermark)
+            if let limit, ContinuousClock.now - started >= limit { break }
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: self.pollInterval) }
+        }
+        return watermark
     }
 
     private func listen(on connection: PostgresConnection, watermark: inout String?) async throws {

@@ -125,6 +125,7 @@ public struct ConfigCheck: Sendable {
         await check.checkListeners(environment, systemd: systemd)
         // 6. The database and its schema (whatever else is wrong), then the read servers against it.
         await check.checkDatabase(environment)
+        await check.checkPooler(environment)
         await check.checkReadServers(environment)
         return check
     }
@@ -225,6 +226,10 @@ public struct ConfigCheck: Sendable {
             } else {
                 self.note("database", "\(name), schema current (\(total) migrations)")
             }
+        case .failure(let error as PostgresError) where error.message.contains("unsupported startup parameter"):
+            self.problem(
+                "DATABASE_URL", error.errorCode,
+                "cannot connect to the database: \(Self.oneLine(error.message)): a connection pooler refuses startup parameters it does not track; remove options from DATABASE_URL and PGOPTIONS (metricsd sends none itself) and set what they set on the role instead (ALTER ROLE … SET …)")
         case .failure(let error as PostgresError):
             self.problem("DATABASE_URL", error.errorCode, "cannot connect to the database: \(Self.oneLine(error.message))")
         case .failure(let error):

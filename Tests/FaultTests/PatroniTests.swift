@@ -1,0 +1,171 @@
+import MetricsdTestSupport
+import Foundation
+import HTTPTypes
+import HummingbirdTesting
+import MetricsdPostgres
+import Synchronization
+import Testing
+
+/// The real binary under Patroni (etcd, two members, `synchronous_mode`) with HAProxy in front, as
+/// `scripts/ha-cluster` runs them: writes through HAProxy's primary port, standby reads from the member list with
+/// `target_session_attrs=standby`. A `patronictl switchover` in the middle of a daily unit, then a killed leader in
+/// the middle of a recompute job that `recompute-all --wait` follows: no row lost or written twice, the same two
+/// daemon processes throughout each (version 1's for the unit, version 2's for the job), reads failing only inside
+/// the transition, and the waiting command exiting 0.
+@Suite(.serialized) struct PatroniTests {
+    @Test(.timeLimit(.minutes(6))) func switchoverDuringADailyUnitAndAKilledLeaderDuringRecompute() async throws {
+        let cluster = try await PatroniCluster.create("patroni")
+        do {
+            try await Self.scenario(cluster)
+            await cluster.destroy()
+        } catch {
+            await cluster.destroy()
+            throw error
+        }
+    }
+
+    static func scenario(_ cluster: PatroniCluster) async throws {
+        let primary = try await cluster.url("primary", database: "postgres")
+        try await FaultDatabase(url: primary).execute("CREATE DATABASE metricsd")
+        let url = try await cluster.url("primary", database: "metricsd")
+        let members = try await cluster.url("members", database: "metricsd") + "&target_session_attrs=standby"
+        try await Fault.migrate(url)
+        let database = FaultDatabase(url: url)
+        try await database.installAudit()
+        try await database.execute(Fault.seedSQL(count: 6000, zones: ["Asia/Kathmandu", "America/Havana"]))
+        let dailyAt = try await Fault.dailyTime(database)
+        // Version 2's daily units count as done already, so that only the recompute job computes version 2.
+        try await database.execute(
+            """
+            INSERT INTO daily_units (timezone, local_date, version, timezone_known, state, users_total, created_at)
+            SELECT z, date '2999-12-31', 2, true, 'done', 0, now() FROM unnest(ARRAY['Asia/Kathmandu', 'America/Havana']) z
+            """)
+        let extra = [
+            "METRICSD_READ_DATABASE_URL": members, "METRICSD_LEASE_SECONDS": "6", "METRICSD_TICK_SECONDS": "1",
+            "METRICSD_CHUNK_SIZE": "1000", "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=100",
+            "METRICSD_WORKERS": "2", "METRICSD_DB_STATEMENT_DEADLINE_SECONDS": "5",
+        ]
+        let daemons = try (0..<2).map { _ in try Fault.start(url, dailyAt: dailyAt, extra: extra) }
+        defer { for daemon in daemons { daemon.signal(SIGKILL) } }
+        for daemon in daemons { try await daemon.waitUntilReady() }
+        let pids = daemons.map(\.pid)
+
+        // 1. A switchover in the middle of the daily unit, under reads.
+        let midway = await Fault.waitUntil(timeout: .seconds(60)) {
+            try await database.int("SELECT count(*) FROM profile_metrics") >= 1000
+        }
+        try #require(midway != nil, "the unit did not get under way:\n\(daemons[0].log.suffix(2000))")
+        let reads = ReadLoad(daemons: daemons, users: Fault.validUserIDs(6000, count: 200))
+        let switched = try await cluster.run("switchover")
+        print("patroni: switchover to \(switched.trimmingCharacters(in: .whitespacesAndNewlines))")
+        let done = await Fault.waitUntil(timeout: .seconds(120)) {
+            try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done' AND version = 1") == 2
+        }
+        #expect(done != nil, "units not done:\n\(daemons[0].log.suffix(2000))")
+        let switchoverReads = await reads.stop()
+        print("patroni: switchover: \(switchoverReads)")
+        #expect(switchoverReads.ok > 0)
+        #expect(switchoverReads.failureWindow < 25, "reads failed for \(switchoverReads.failureWindow) s")
+        try await Invariant.check(database, scenario: "patroni-switchover-daily", faults: 1, dailyVersion: 1).assertHolds()
+
+        #expect(daemons.map(\.pid) == pids && daemons.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
+        for daemon in daemons { daemon.signal(SIGTERM) }
+        for daemon in daemons { #expect(await daemon.waitForExit() == 0) }
+
+        // 2. The leader killed in the middle of a recompute job (formula version 2, run by two daemons of that
+        // version) that `recompute-all --wait` follows.
+        _ = try await cluster.run("wait-members", "--timeout", "90")
+        var extra2 = extra
+        extra2["METRICSD_TEST_FORMULA_VERSION"] = "2"
+        let workers = try (0..<2).map { _ in try Fault.start(url, dailyAt: dailyAt, extra: extra2) }
+        defer { for daemon in workers { daemon.signal(SIGKILL) } }
+        for daemon in workers { try await daemon.waitUntilReady() }
+        let workerPIDs = workers.map(\.pid)
+        let cli = try DaemonProcess(
+            arguments: ["recompute-all", "--wait"],
+            environment: ["DATABASE_URL": url, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "1000"])
+        defer { cli.signal(SIGKILL) }
+        let recomputing = await Fault.waitUntil(timeout: .seconds(60)) {
+            try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2") >= 1000
+        }
+        try #require(recomputing != nil, "the job did not get under way:\n\(cli.log)")
+        let reads2 = ReadLoad(daemons: workers, users: Fault.validUserIDs(6000, count: 200))
+        let killed = try await cluster.run("kill-leader")
+        let killedAt = ContinuousClock.now
+        let leader = try await cluster.run("wait-leader", "--not", killed.trimmingCharacters(in: .whitespacesAndNewlines), "--timeout", "60")
+        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ContinuousClock.now - killedAt) later")
+        let status = await cli.waitForExit(timeout: .seconds(180))
+        #expect(status == 0, "recompute-all --wait:\n\(cli.log)")
+        #expect(cli.log.contains("waiting for the database"), "\(cli.log)")
+        let killReads = await reads2.stop()
+        print("patroni: kill-leader: \(killReads)")
+        #expect(killReads.failureWindow < 30, "reads failed for \(killReads.failureWindow) s")
+        #expect(workers.map(\.pid) == workerPIDs && workers.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
+        try await Invariant.check(database, scenario: "patroni-kill-leader-recompute", faults: 2, dailyVersion: 1).assertHolds()
+        for daemon in workers { daemon.signal(SIGTERM) }
+        for daemon in workers { #expect(await daemon.waitForExit() == 0) }
+    }
+}
+
+/// Latest reads, 4 at a time, until stopped: how many were answered 200, how many not, and the seconds between
+/// the first and the last that were not.
+final class ReadLoad: Sendable {
+    struct Outcome: CustomStringConvertible, Sendable {
+        var ok = 0
+        var failed = 0
+        var first: ContinuousClock.Instant?
+        var last: ContinuousClock.Instant?
+        var failureWindow: Double { self.first.flatMap { first in self.last.map { ($0 - first).faultSeconds } } ?? 0 }
+        var description: String { "reads \(self.ok) × 200, \(self.failed) failed within \(String(format: "%.1f", self.failureWindow)) s" }
+    }
+
+    private final class Flag: Sendable {
+        let raised = Atomic<Bool>(false)
+    }
+
+    private let stopping = Flag()
+    private let task: Task<Outcome, Never>
+
+    init(daemons: [DaemonProcess], users: [Int64]) {
+        let stopping = self.stopping
+        self.task = Task {
+            await withTaskGroup(of: Outcome.self) { group in
+                for worker in 0..<4 {
+                    group.addTask { await Self.read(worker: worker, daemons: daemons, users: users, until: stopping) }
+                }
+                var outcome = Outcome()
+                for await part in group {
+                    outcome.ok += part.ok
+                    outcome.failed += part.failed
+                    if let start = part.first { outcome.first = min(outcome.first ?? start, start) }
+                    if let end = part.last { outcome.last = max(outcome.last ?? end, end) }
+                }
+                return outcome
+            }
+        }
+    }
+
+    private static func read(worker: Int, daemons: [DaemonProcess], users: [Int64], until stopping: Flag) async -> Outcome {
+        var outcome = Outcome()
+        var index = worker
+        while !stopping.raised.load(ordering: .relaxed) {
+            let id = users[index % users.count]
+            let response = try? await daemons[index % daemons.count].request(
+                "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(id)))
+            if response?.status == .ok {
+                outcome.ok += 1
+            } else {
+                outcome.failed += 1
+                outcome.first = outcome.first ?? .now
+                outcome.last = .now
+            }
+            index += 4
+        }
+        return outcome
+    }
+
+    func stop() async -> Outcome {
+        self.stopping.raised.store(true, ordering: .relaxed)
+        return await self.task.value
+    }
+}
