@@ -89,6 +89,9 @@ import Testing
             try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2") >= 1000
         }
         try #require(recomputing != nil, "the job did not get under way:\n\(cli.log)")
+        // The old leader, a replica again since the switchover, must be the synchronous standby Patroni may
+        // promote: with synchronous_mode, killing the leader before that leaves no leader at all.
+        try await cluster.run("wait-members", "--timeout", "60")
         let reads2 = ReadLoad(daemons: workers, users: Fault.validUserIDs(6000, count: 200))
         let killed = try await cluster.run("kill-leader")
         let killedAt = ContinuousClock.now
