@@ -358,7 +358,7 @@ public struct OperatorSession: Sendable {
             try await self.pool.runBlocking { try listener.connection.execute("LISTEN metricsd_status_probe") }
             let nonce = String(UInt64.random(in: 1...UInt64.max), radix: 16)
             let sent = ContinuousClock.now
-            try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_status_probe', $1)", [nonce]) }
+            _ = try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_status_probe', $1)", [nonce]) }
             while ContinuousClock.now - sent < .seconds(2) {
                 let arrived = try await self.pool.runBlocking {
                     try listener.connection.waitForNotifications(timeoutMilliseconds: 200).contains { $0.payload == nonce }

@@ -122,7 +122,7 @@ package struct SettingsListener: Service {
         let nonce = "probe:" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
         // From a pool session, never the listener's own: through a pooler that could come back over the very server
         // session that holds the registration, and pass while nothing else would.
-        try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_settings', $1)", [nonce]) }
+        _ = try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_settings', $1)", [nonce]) }
         let deadline = ContinuousClock.now + Self.probeWait
         while ContinuousClock.now < deadline {
             let left = Int32(max(10, ((deadline - ContinuousClock.now) / .milliseconds(1)).rounded(.up)))
