@@ -1,9 +1,10 @@
 extension TestDatabase {
     /// `count` users in `zones`, each with a version 1 row for their current local date except every 50th, whose
     /// height (72 cm) is invalid: the recompute suites' starting point.
-    package func seedWithVersion1(
-        count: Int, zones: [String] = ["UTC", "Asia/Kathmandu", "America/Havana", "Pacific/Kiritimati", "Etc/GMT+12"]
-    ) async throws {
+    /// The zones of the recompute suites: UTC, a +05:45 offset, midnight DST changes and both ends of the date line.
+    package static let recomputeZones = ["UTC", "Asia/Kathmandu", "America/Havana", "Pacific/Kiritimati", "Etc/GMT+12"]
+
+    package func seedWithVersion1(count: Int, zones: [String] = TestDatabase.recomputeZones) async throws {
         try await self.execute(
             """
             INSERT INTO users (id, timezone)
