@@ -36,7 +36,8 @@ import Testing
             INSERT INTO metrics_acknowledgements (user_id, version, metrics_computed_at, acknowledged_at)
             SELECT 1, 2, computed_at, now() FROM profile_metrics WHERE user_id = 1 AND version = 2
             ORDER BY metrics_date DESC LIMIT 1;
-            UPDATE user_settings SET updated_at = now() - interval '36 hours' WHERE user_id = 1
+            UPDATE user_settings SET updated_at = ((now() AT TIME ZONE 'UTC')::date - 1)::timestamp AT TIME ZONE 'UTC'
+            WHERE user_id = 1
             """)
     }
 
@@ -108,8 +109,8 @@ import Testing
                     #expect(codes.contains("29463-7") == (user != 3) && codes.contains("8302-2") == (user != 3))
                     if user == 1 {
                         let derived = observations.filter { $0["derivedFrom"] != nil }.count
-                        // The settings changed 36 hours ago: the rows of today and yesterday, of both versions, were computed
-                        // from them; the 730 older ones were not.
+                        // The settings changed at the start of yesterday (UTC), before the rows of today and yesterday (both
+                        // versions, computed at 00:05 UTC) and after the 730 older ones, whatever the time of day the test runs.
                         #expect(derived == 2 * 2 * 3, "derivedFrom on \(derived) Observations")
                     }
                 }
