@@ -95,10 +95,21 @@ import Testing
         // promote: with synchronous_mode, killing the leader before that leaves no leader at all.
         try await cluster.run("wait-members", "--timeout", "60")
         let reads2 = ReadLoad(daemons: workers, users: Fault.validUserIDs(6000, count: 200))
+        let readiness = Self.watchReadiness(workers[0])
         let killed = try await cluster.run("kill-leader")
         let killedAt = ContinuousClock.now
         let leader = try await cluster.run("wait-leader", "--not", killed.trimmingCharacters(in: .whitespacesAndNewlines), "--timeout", "60")
-        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ContinuousClock.now - killedAt) later")
+        let ledAt = ContinuousClock.now
+        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ledAt - killedAt) later")
+        // /readyz truthful: 503 while no leader takes writes, 200 again once one does (within the pool's reconnect).
+        let readyAgain = await DaemonProcess.eventually(timeout: .seconds(30)) { (try? await workers[0].request("/readyz").status) == .ok }
+        readiness.cancel()
+        let answers = await readiness.value
+        let unready = answers.filter { $0.status != 200 }.map { ($0.at - killedAt).faultSeconds }
+        print("patroni: /readyz \(answers.count) answers, \(unready.count) not 200, from \(unready.first.map { String(format: "%.1f", $0) } ?? "-") to \(unready.last.map { String(format: "%.1f", $0) } ?? "-") s after the kill; leader at \(String(format: "%.1f", (ledAt - killedAt).faultSeconds)) s")
+        #expect(readyAgain, "/readyz not 200 after the new leader:\n\(workers[0].log.suffix(2000))")
+        #expect(!unready.isEmpty, "/readyz said 200 throughout while no primary answered")
+        #expect((unready.last ?? 0) <= (ledAt - killedAt).faultSeconds + 10, "/readyz not 200 until \(unready.last ?? 0) s after the kill")
         let status = await cli.waitForExit(timeout: .seconds(180))
         #expect(status == 0, "recompute-all --wait:\n\(cli.log)")
         #expect(cli.log.contains("waiting for the database"), "\(cli.log)")
@@ -174,6 +185,19 @@ extension PatroniTests {
         print("patroni: read sessions (all, reading since the burst) on the rejoined \(killedName) \(onRejoined), on the leader \(leaderName) \(onLeader)")
         #expect(onRejoined.count == 2 && onRejoined[1] >= 1, "\(onRejoined)")
         #expect(onLeader.count == 2 && onLeader[1] == 0, "\(onLeader)")
+    }
+
+    /// `/readyz` of `daemon` every 200 ms until cancelled: when, and with what status (0: no answer).
+    static func watchReadiness(_ daemon: DaemonProcess) -> Task<[(at: ContinuousClock.Instant, status: Int)], Never> {
+        Task {
+            var answers: [(at: ContinuousClock.Instant, status: Int)] = []
+            while !Task.isCancelled {
+                let status = (try? await daemon.request("/readyz").status.code) ?? 0
+                answers.append((ContinuousClock.now, status))
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+            return answers
+        }
     }
 
     /// `HOST:PORT` of a one-host libpq URL.
