@@ -11,9 +11,10 @@ import Testing
 /// `target_session_attrs=standby`. A `patronictl switchover` in the middle of a daily unit, then a killed leader in
 /// the middle of a recompute job that `recompute-all --wait` follows: no row lost or written twice, the same two
 /// daemon processes throughout each (version 1's for the unit, version 2's for the job), reads failing only inside
-/// the transition, and the waiting command exiting 0.
+/// the transition, and the waiting command exiting 0. Then the killed member started again: once it streams, the
+/// standby reads are back on it and none on the leader.
 @Suite(.serialized) struct PatroniTests {
-    @Test(.timeLimit(.minutes(6))) func switchoverDuringADailyUnitAndAKilledLeaderDuringRecompute() async throws {
+    @Test(.timeLimit(.minutes(8))) func switchoverDuringADailyUnitAndAKilledLeaderDuringRecompute() async throws {
         let cluster = try await PatroniCluster.create("patroni")
         do {
             try await Self.scenario(cluster)
@@ -28,7 +29,8 @@ import Testing
         let primary = try await cluster.url("primary", database: "postgres")
         try await FaultDatabase(url: primary).execute("CREATE DATABASE metricsd")
         let url = try await cluster.url("primary", database: "metricsd")
-        let members = try await cluster.url("members", database: "metricsd") + "&target_session_attrs=standby"
+        // Its own application_name, so that each member's pg_stat_activity tells the read sessions apart.
+        let members = try await cluster.url("members", database: "metricsd") + "&target_session_attrs=standby&application_name=metricsd-reads"
         try await Fault.migrate(url)
         let database = FaultDatabase(url: url)
         try await database.installAudit()
@@ -93,10 +95,21 @@ import Testing
         // promote: with synchronous_mode, killing the leader before that leaves no leader at all.
         try await cluster.run("wait-members", "--timeout", "60")
         let reads2 = ReadLoad(daemons: workers, users: Fault.validUserIDs(6000, count: 200))
+        let readiness = Self.watchReadiness(workers[0])
         let killed = try await cluster.run("kill-leader")
         let killedAt = ContinuousClock.now
         let leader = try await cluster.run("wait-leader", "--not", killed.trimmingCharacters(in: .whitespacesAndNewlines), "--timeout", "60")
-        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ContinuousClock.now - killedAt) later")
+        let ledAt = ContinuousClock.now
+        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ledAt - killedAt) later")
+        // /readyz truthful: 503 while no leader takes writes, 200 again once one does (within the pool's reconnect).
+        let readyAgain = await DaemonProcess.eventually(timeout: .seconds(30)) { (try? await workers[0].request("/readyz").status) == .ok }
+        readiness.cancel()
+        let answers = await readiness.value
+        let unready = answers.filter { $0.status != 200 }.map { ($0.at - killedAt).faultSeconds }
+        print("patroni: /readyz \(answers.count) answers, \(unready.count) not 200, from \(unready.first.map { String(format: "%.1f", $0) } ?? "-") to \(unready.last.map { String(format: "%.1f", $0) } ?? "-") s after the kill; leader at \(String(format: "%.1f", (ledAt - killedAt).faultSeconds)) s")
+        #expect(readyAgain, "/readyz not 200 after the new leader:\n\(workers[0].log.suffix(2000))")
+        #expect(!unready.isEmpty, "/readyz said 200 throughout while no primary answered")
+        #expect((unready.last ?? 0) <= (ledAt - killedAt).faultSeconds + 10, "/readyz not 200 until \(unready.last ?? 0) s after the kill")
         let status = await cli.waitForExit(timeout: .seconds(180))
         #expect(status == 0, "recompute-all --wait:\n\(cli.log)")
         #expect(cli.log.contains("waiting for the database"), "\(cli.log)")
@@ -105,8 +118,101 @@ import Testing
         #expect(killReads.failureWindow < 30, "reads failed for \(killReads.failureWindow) s")
         #expect(workers.map(\.pid) == workerPIDs && workers.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
         try await Invariant.check(database, scenario: "patroni-kill-leader-recompute", faults: 2, dailyVersion: 1).assertHolds()
+
+        // 3. The killed leader started again: Patroni rewinds it into a replica, and once it streams the daemons'
+        // standby reads go to it again, and none to the leader.
+        try await Self.rejoin(cluster, killed: killed, leader: leader, daemons: workers)
+        #expect(workers.map(\.pid) == workerPIDs && workers.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
         for daemon in workers { daemon.signal(SIGTERM) }
         for daemon in workers { #expect(await daemon.waitForExit() == 0) }
+    }
+}
+
+extension PatroniTests {
+    /// Restarts the killed member, waits until it streams, then: each daemon's read server is usable again within
+    /// its read bound and probe, a burst of reads is answered with none by the primary, and the rejoined member
+    /// holds the daemons' read sessions while the leader holds none.
+    static func rejoin(_ cluster: PatroniCluster, killed: String, leader: String, daemons: [DaemonProcess]) async throws {
+        let killedName = killed.trimmingCharacters(in: .whitespacesAndNewlines)
+        let leaderName = leader.trimmingCharacters(in: .whitespacesAndNewlines)
+        let restarted = ContinuousClock.now
+        try await cluster.run("restart-member", killedName)
+        try await cluster.run("wait-members", "--timeout", "120")
+        let streaming = ContinuousClock.now - restarted
+        let rejoinedURL = try await cluster.url(killedName, database: "metricsd")
+        let leaderURL = try await cluster.url(leaderName, database: "metricsd")
+        // The member list is one read server per host, each labelled by its address.
+        let rejoinedServer = try #require(Self.address(rejoinedURL)), leaderServer = try #require(Self.address(leaderURL))
+        let usable = await Fault.waitUntil(timeout: .seconds(60)) {
+            for daemon in daemons {
+                let series = try await PrometheusScrape.scrape(daemon)
+                guard PrometheusScrape.value(series, "metricsd_read_server_usable", ["server": rejoinedServer]) == 1 else { return false }
+            }
+            return true
+        }
+        print("patroni: \(killedName) streaming \(streaming) after its restart; reads back on it \(usable.map { $0 - restarted } ?? .zero) after the restart")
+        try #require(usable != nil, "a daemon does not read from \(rejoinedServer) again:\n\(daemons[0].log.suffix(2000))")
+
+        let burst = try await cluster.run("psql", leaderName, "metricsd", "-Atc", "SELECT now()").trimmingCharacters(in: .whitespacesAndNewlines)
+        let before = try await daemons.asyncMap { try await PrometheusScrape.scrape($0) }
+        let users = Fault.validUserIDs(6000, count: 100)
+        for (index, user) in users.enumerated() {
+            let reply = try await daemons[index % daemons.count].request(
+                "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(user)))
+            #expect(reply.status == .ok, "user \(user): \(reply.status) \(reply.text.prefix(200))")
+        }
+        let after = try await daemons.asyncMap { try await PrometheusScrape.scrape($0) }
+        for (old, new) in zip(before, after) {
+            let reads = { (server: String) in
+                (PrometheusScrape.value(new, "metricsd_read_server_reads_total", ["server": server]) ?? 0)
+                    - (PrometheusScrape.value(old, "metricsd_read_server_reads_total", ["server": server]) ?? 0)
+            }
+            #expect(PrometheusScrape.value(new, "metricsd_read_server_usable", ["server": leaderServer]) == 0)
+            #expect(reads("primary") == 0 && reads(leaderServer) == 0 && reads(rejoinedServer) > 0,
+                    "reads by the primary \(reads("primary")), the leader \(reads(leaderServer)), the rejoined member \(reads(rejoinedServer))")
+        }
+        // On each member itself (psql: a standby refuses the test's own database handle, which wants a primary):
+        // the daemons' read sessions, and those that ran the latest read since the burst began.
+        let sessions = """
+            SELECT count(*) || ' ' || count(*) FILTER (WHERE query LIKE '%profile_metrics_latest%' AND state_change >= '\(burst)')
+            FROM pg_stat_activity WHERE application_name = 'metricsd-reads' AND backend_type = 'client backend'
+            """
+        let count = { (member: String) in
+            try await cluster.run("psql", member, "metricsd", "-Atc", sessions).split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        }
+        let onRejoined = try await count(killedName)
+        let onLeader = try await count(leaderName)
+        print("patroni: read sessions (all, reading since the burst) on the rejoined \(killedName) \(onRejoined), on the leader \(leaderName) \(onLeader)")
+        #expect(onRejoined.count == 2 && onRejoined[1] >= 1, "\(onRejoined)")
+        #expect(onLeader.count == 2 && onLeader[1] == 0, "\(onLeader)")
+    }
+
+    /// `/readyz` of `daemon` every 200 ms until cancelled: when, and with what status (0: no answer).
+    static func watchReadiness(_ daemon: DaemonProcess) -> Task<[(at: ContinuousClock.Instant, status: Int)], Never> {
+        Task {
+            var answers: [(at: ContinuousClock.Instant, status: Int)] = []
+            while !Task.isCancelled {
+                let status = (try? await daemon.request("/readyz").status.code) ?? 0
+                answers.append((ContinuousClock.now, status))
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+            return answers
+        }
+    }
+
+    /// `HOST:PORT` of a one-host libpq URL.
+    static func address(_ url: String) -> String? {
+        guard let at = url.firstIndex(of: "@") else { return nil }
+        let rest = url[url.index(after: at)...]
+        return rest.split(separator: "/", maxSplits: 1).first.map(String.init)
+    }
+}
+
+extension Array {
+    fileprivate func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var values: [T] = []
+        for element in self { values.append(try await transform(element)) }
+        return values
     }
 }
 

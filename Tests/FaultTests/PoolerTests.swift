@@ -144,6 +144,88 @@ import Testing
         }
     }
 
+    /// A recompute-all job (formula version 2) through the pooler, its daemon killed (SIGKILL) in the middle and
+    /// another started: the job resumes from the chunks' cursors and ends with one version-2 row per valid user
+    /// (``Invariant``); then acknowledgements of those rows through the pooler are stored, and a second one of the
+    /// same row is idempotent. No prepared-statement error anywhere.
+    @Test(.timeLimit(.minutes(4))) func transactionModeRecomputeKilledResumedAndAcknowledged() async throws {
+        try await withTestDatabase { testDatabase in
+            try await withPgBouncer(.transaction) { bouncer in
+                let database = FaultDatabase(url: testDatabase.url)
+                try await database.installAudit()
+                let zones = ["Europe/Paris", "Pacific/Chatham"]
+                try await database.execute(Fault.seedSQL(count: 4000, zones: zones))
+                let dailyAt = try await Fault.dailyTime(database)
+                // Only the job runs: version 2's daily units of these zones count as done already.
+                try await database.execute(
+                    """
+                    INSERT INTO daily_units (timezone, local_date, version, timezone_known, state, users_total, created_at)
+                    SELECT z, date '2999-12-31', 2, true, 'done', 0, now() FROM unnest(ARRAY['\(zones.joined(separator: "','"))']) z
+                    """)
+                let pooled = bouncer.url(database: testDatabase.name)
+                let extra = [
+                    "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_LEASE_SECONDS": "4", "METRICSD_TICK_SECONDS": "1",
+                    "METRICSD_CHUNK_SIZE": "2000", "METRICSD_BATCH_SIZE": "100", "METRICSD_FAULTS": "batch-delay-ms=60",
+                    "METRICSD_WORKERS": "2", "METRICSD_NOTIFY_DATABASE_URL": testDatabase.url,
+                ]
+                let trigger = try await Subprocess.run(
+                    try DaemonProcess.binary(), ["recompute-all"],
+                    environment: ["DATABASE_URL": pooled, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "2000"])
+                try #require(trigger.status == 0, "\(trigger.output)")
+
+                let a = try Fault.start(pooled, dailyAt: dailyAt, extra: extra)
+                defer { a.signal(SIGKILL) }
+                let midway = await Fault.waitUntil(timeout: .seconds(60)) {
+                    let running = try await database.int(
+                        "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start")
+                    let rows = try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2")
+                    return running == 2 && rows >= 800
+                }
+                try #require(midway != nil, "the job did not get under way:\n\(a.log.suffix(2000))")
+                a.signal(SIGKILL)
+                #expect(await a.waitForExit() != 0)
+                #expect(try await database.value("SELECT state FROM recompute_jobs") == "running")
+
+                let b = try Fault.start(pooled, dailyAt: dailyAt, extra: extra)
+                defer { b.signal(SIGKILL) }
+                let done = await Fault.waitUntil(timeout: .seconds(90)) {
+                    try await database.value("SELECT state FROM recompute_jobs") == "done"
+                }
+                #expect(done != nil, "job not done:\n\(b.log.suffix(2000))")
+                #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
+                try await b.waitUntilReady()
+
+                let users = Array(Fault.validUserIDs(4000, count: 20))
+                for user in users {
+                    let today = try await b.request("/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(user)))
+                    try #require(today.status == .ok, "user \(user): \(today.status) \(today.text)")
+                    let metrics = try #require(try today.json()["data"] as? [String: Any])["metrics"] as? [String: Any]
+                    let version = try #require(metrics?["version"] as? Int)
+                    let computedAt = try #require(metrics?["computedAt"] as? String)
+                    #expect(version == 2)
+                    let body = #"{"version":\#(version),"metricsComputedAt":"\#(computedAt)"}"#
+                    let headers = TestTokens.bearer(TestTokens.user(user)).merging([.contentType: "application/json"])
+                    for attempt in 0..<2 {
+                        let ack = try await b.request("/v1/profile/metrics/acknowledge", method: .post, headers: headers, body: body)
+                        #expect(ack.status == .ok, "user \(user), acknowledgement \(attempt + 1): \(ack.status) \(ack.text)")
+                    }
+                }
+                let stored = try await database.int(
+                    """
+                    SELECT count(*) FROM metrics_acknowledgements a JOIN profile_metrics pm
+                      ON pm.user_id = a.user_id AND pm.version = a.version AND pm.computed_at = a.metrics_computed_at
+                    WHERE a.version = 2 AND a.user_id IN (\(users.map(String.init).joined(separator: ",")))
+                    """)
+                #expect(stored == users.count, "acknowledgements stored for the rows read: \(stored) of \(users.count)")
+                b.signal(SIGTERM)
+                #expect(await b.waitForExit() == 0)
+                try await Invariant.check(database, scenario: "pooler-kill-9-recompute", faults: 1).assertHolds()
+                #expect(!(a.log + b.log + trigger.output).contains("prepared statement"), "\((a.log + b.log).suffix(3000))")
+                #expect(!bouncer.log.contains("when not linked"), "\(bouncer.log.suffix(2000))")
+            }
+        }
+    }
+
     /// Two `metricsd migrate` at once through the pooler on an empty database, three rounds: both exit 0, every
     /// migration applied once, and no advisory lock left held on a pooled server session. Without a session past
     /// the pooler, the first migration outside a transaction stops with an error naming the setting, and leaves
