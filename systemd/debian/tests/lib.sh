@@ -182,8 +182,10 @@ load_through() {
     (
         while [[ ! -e "$stop" ]]; do
             (
-                out="$(curl -sS -o /dev/null --max-time 10 -w '%{http_code} %{time_total}' "$BASE_URL/healthz" 2>/dev/null)"
-                echo "$? $out" >>"$dir/probes"
+                at="$(date +%s%3N)"
+                out="$(curl -sS -o /dev/null --max-time 10 -w '%{http_code} %{time_total}' "$BASE_URL/healthz" 2>"$dir/curl-$at")"
+                echo "$? $out $at $(head -c 200 "$dir/curl-$at" | tr '\n' ' ')" >>"$dir/probes"
+                rm -f "$dir/curl-$at"
             ) &
             sleep 0.05
         done
@@ -231,6 +233,12 @@ load_through() {
         "$label" "$1" "$took" "$wrk_requests" "$wrk_connect" "$wrk_failed" "$wrk_longest" "$probe_count" "$probe_refused" \
         "$probe_failed" "$probe_longest" "$LOAD_REFUSED" "$LOAD_FAILED" "$LOAD_LONGEST"
     grep -h 'Socket errors\|Non-2xx' "$dir/wrk-health" "$dir/wrk-latest" | sed 's/^/      wrk: /'
+    # Each fresh connection that was not answered 2xx: curl's exit code, the status, its time, when it started
+    # (ms after the command began) and what curl said.
+    awk -v started="$((started / 1000000))" '$1 != 0 || $2 !~ /^2/ {
+        message = ""; for (i = 5; i <= NF; i++) message = message " " $i
+        printf "      probe: curl exit %s, status %s, %s s, started %+d ms after the command:%s\n", $1, $2, $3, $4 - started, message
+    }' "$dir/probes"
     rm -rf -- "$dir"
 }
 
