@@ -189,4 +189,68 @@ import Testing
             }
         }
     }
+
+    /// A client that asks for a two-year export of many versions and then reads nothing (a raw socket with a small
+    /// receive window): the daemon holds no more of the body than its socket takes (its RSS grows by far less
+    /// than the body), holds no pooled database connection while the client stalls (a page is read with its own
+    /// connection, given back before the page is written), serves other clients' reads meanwhile, and closes the
+    /// stalled connection once it has taken nothing for the write timeout, with a log line; the user's export slot
+    /// is then free again.
+    @Test func aClientThatStopsReadingIsCutOffAndHoldsNothing() async throws {
+        try await withTestDatabase { database in
+            try await database.seed([.valid(1), .valid(2)])
+            for version in 1...12 { try await HistoryHTTPTests.seedHistory(database, user: 1, days: 731, version: version) }
+            try await HistoryHTTPTests.seedHistory(database, user: 2, days: 100)
+            let port = DaemonProcess.freePort()
+            let writeTimeout = 6
+            let daemon = try DaemonProcess(
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: ["METRICSD_HTTP_WRITE_TIMEOUT_SECONDS": "\(writeTimeout)"]),
+                port: port)
+            try await daemon.waitUntilReady()
+            #expect(try await Self.get(port: port, user: 2, accept: "application/fhir+json").status == 200, "a warm-up export")
+            let before = ProcessProbe.residentKiB(daemon.pid)
+
+            let client = try HostileSocket(port: port, receiveBuffer: 4096)
+            let asked = ContinuousClock.now
+            #expect(await client.send(
+                "GET \(Self.path) HTTP/1.1\r\nHost: x\r\nAccept: application/fhir+json\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n\r\n"))
+            try await Task.sleep(for: .seconds(1))
+            #expect(try await Self.get(port: port, user: 1, accept: "text/csv").status == 429, "the export still streams: stalled, not sent")
+
+            // Other clients are served meanwhile, each well within a second.
+            for _ in 0..<5 {
+                let started = ContinuousClock.now
+                #expect(try await API.today(port: port, user: 2).status == 200)
+                #expect(try await HistoryHTTPTests.get(port: port, user: 2).status == 200)
+                #expect(ContinuousClock.now - started < .seconds(1), "two reads beside the stalled export")
+            }
+            // No pooled connection is held for it (the scheduler's ticks use one now and then: wait for a moment
+            // without), and it is still stalled then.
+            var inUse: [Double] = []
+            let idle = await DaemonProcess.eventually(timeout: .seconds(3)) {
+                let value = PrometheusScrape.value(
+                    (try? await PrometheusScrape.scrape(daemon)) ?? [:], "metricsd_db_pool_connections", ["state": "in_use"])
+                inUse.append(value ?? -1)
+                return value == 0
+            }
+            #expect(idle, "pooled connections in use while the export stalls: \(inUse)")
+            #expect(try await Self.get(port: port, user: 1, accept: "text/csv").status == 429, "still stalled")
+            let grownKiB = ProcessProbe.residentKiB(daemon.pid) - before
+
+            // Cut off by the write deadline: the daemon logs it and closes its side (what it had queued arrives,
+            // then the end, without the body's last chunk), and frees the user's slot.
+            let cut = await DaemonProcess.eventually(timeout: .seconds(writeTimeout + 6)) { daemon.log.contains("Export cut off") }
+            let after = ContinuousClock.now - asked
+            #expect(cut && after < .seconds(writeTimeout + 6), "cut off \(after) after the request, write timeout \(writeTimeout) s:\n\(daemon.log.suffix(2000))")
+            let (bytes, closedAfter) = await client.readUntilClosed(timeout: .seconds(10))
+            #expect(closedAfter != nil, "the daemon closed the stalled connection")
+            #expect(!bytes.isEmpty && !bytes.suffix(5).elementsEqual("0\r\n\r\n".utf8), "a cut body, never a whole one")
+            let whole = try await Self.get(port: port, user: 1, accept: "application/fhir+json")
+            #expect(whole.status == 200, "the slot is free again")
+            let bodyKiB = whole.text.utf8.count / 1024
+            #expect(bodyKiB > 8 * 1024, "the body (\(bodyKiB) KiB) is twice what the sockets can hold (at most 4 MiB sent unread)")
+            #expect(grownKiB < min(16 * 1024, bodyKiB / 4), "RSS grew by \(grownKiB) KiB while a \(bodyKiB) KiB export stalled")
+        }
+    }
 }

@@ -2,6 +2,7 @@ import HealthMetrics
 import HTTPTypes
 import Logging
 import MetricsdHTTP
+import MetricsdPostgres
 import NIOCore
 
 /// `GET /v1/profile/metrics/export`: everything metricsd holds about the token's user — every metrics row of every
@@ -32,26 +33,54 @@ struct ProfileExportController {
             headers: [.contentDisposition: "attachment; filename=\"metrics-\(userID).\(format.fileExtension)\""],
             BodyStream { writer in
                 withExtendedLifetime(ticket) {}
-                var rows = 0
-                try await writer.write(ByteBuffer(string: format.opening(profile)))
-                var after: (version: Int, date: LocalDate)?
-                var first = true
-                while true {
-                    let page = try await store.exportRows(userID: userID, after: after, limit: Self.pageSize)
-                    var buffer = ByteBufferAllocator().buffer(capacity: 512 * page.count)
-                    for entry in page {
-                        buffer.writeString(format.row(entry, profile: profile, first: first))
-                        first = false
-                    }
-                    try await writer.write(buffer)
-                    rows += page.count
-                    guard page.count == Self.pageSize, let last = page.last else { break }
-                    after = (last.metrics.version, last.date)
+                let rows = Counter()
+                do {
+                    try await Self.stream(format: format, profile: profile, store: store, rows: rows, to: writer)
+                } catch let error as PostgresError {
+                    logger.error(
+                        "Export failed part-way",
+                        metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)",
+                                   "metricsd.error.code": "\(error.code)"])
+                    throw error
+                } catch {
+                    // A write failed: the client went away, or took nothing for the write timeout (the connection's
+                    // write deadline closed it). What was read is dropped with the task; no connection is held.
+                    logger.notice(
+                        "Export cut off: the client stopped taking it",
+                        metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)"])
+                    throw error
                 }
-                try await writer.write(ByteBuffer(string: format.closing))
-                logger.info("Export sent", metadata: ["metricsd.export.rows": "\(rows)", "metricsd.export.format": "\(format)"])
+                logger.info("Export sent", metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)"])
                 withExtendedLifetime(ticket) {}
             })
+    }
+
+    /// Rows written so far, for the log line whatever way the export ends.
+    private final class Counter: @unchecked Sendable {  // used by one task at a time
+        var value = 0
+    }
+
+    /// The body: the opening, a page of rows at a time (each read with its own pooled connection, given back
+    /// before the page is written, and written before the next is read), the closing.
+    private static func stream(
+        format: ExportFormat, profile: ExportProfile, store: any MetricsExportStore, rows: Counter, to writer: BodyWriter
+    ) async throws {
+        try await writer.write(ByteBuffer(string: format.opening(profile)))
+        var after: (version: Int, date: LocalDate)?
+        var first = true
+        while true {
+            let page = try await store.exportRows(userID: profile.userID, after: after, limit: Self.pageSize)
+            var buffer = ByteBufferAllocator().buffer(capacity: 512 * page.count)
+            for entry in page {
+                buffer.writeString(format.row(entry, profile: profile, first: first))
+                first = false
+            }
+            try await writer.write(buffer)
+            rows.value += page.count
+            guard page.count == Self.pageSize, let last = page.last else { break }
+            after = (last.metrics.version, last.date)
+        }
+        try await writer.write(ByteBuffer(string: format.closing))
     }
 }
 
