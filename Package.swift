@@ -256,7 +256,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MetricsdConfigurationTests",
-            dependencies: ["MetricsdConfiguration", "MetricsdHTTP", "MetricsdTestSupport"],
+            dependencies: ["MetricsdConfiguration", "MetricsdHTTP", "MetricsdTestSupport", "MetricsdTracing"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -141,7 +141,7 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     @discardableResult
     public func query(_ sql: String, _ parameters: [String?] = []) throws(PostgresError) -> PostgresResult {
         try self.traced(StatementTrace.summary(of: sql)) { (comment) throws(PostgresError) in
-            try self.unnamed((comment ?? "") + sql, parameters)
+            try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
         }
     }
 
@@ -160,7 +160,7 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     {
         try self.traced(name) { (comment) throws(PostgresError) in
             // A sampled statement's text differs from every other's: sent unnamed, the prepared one stays as it is.
-            guard self.usesNamedStatements, comment == nil else { return try self.unnamed((comment ?? "") + sql, parameters) }
+            guard self.usesNamedStatements, comment == nil else { return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters) }
             return try self.named(name, sql, parameters)
         }
     }
@@ -180,7 +180,7 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// Runs statements without parameters (several separated by `;` are allowed): migrations, `BEGIN`, `LISTEN`.
     public func execute(_ sql: String) throws(PostgresError) {
         try self.traced(StatementTrace.summary(of: sql)) { (comment) throws(PostgresError) in
-            _ = try self.check(self.awaitResult(sent: PQsendQuery(self.handle, (comment ?? "") + sql)))
+            _ = try self.check(self.awaitResult(sent: PQsendQuery(self.handle, comment.map { $0 + sql } ?? sql)))
         }
     }
 
@@ -188,10 +188,14 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// gets the sqlcommenter comment to put before the statement's text when the span is sampled (nil otherwise,
     /// and always without a trace: the text is then exactly the caller's). The span never carries parameter
     /// values: only the statement's summary, the database, and the SQLSTATE of a failure.
-    private func traced<T>(_ summary: String, _ run: (String?) throws(PostgresError) -> T) throws(PostgresError) -> T {
-        guard let trace = self.trace,
-            let span = Traces.startSpan(summary, kind: .client, parent: trace.parent, links: trace.links)
-        else { return try run(nil) }
+    private func traced<T>(
+        _ name: @autoclosure () -> String, _ run: (String?) throws(PostgresError) -> T
+    ) throws(PostgresError) -> T {
+        guard let trace = self.trace else { return try run(nil) }
+        let summary = name()
+        guard let span = Traces.startSpan(summary, kind: .client, parent: trace.parent, links: trace.links) else {
+            return try run(nil)
+        }
         defer { span.end() }
         span.set("db.system.name", "postgresql")
         span.set("db.namespace", .string(self.databaseName))

@@ -46,9 +46,10 @@ final class SpanQueue: Sendable {
 ///
 /// Its own small client instead of swift-otel's exporter: swift-otel's OTLP/HTTP exporter brings
 /// async-http-client and swift-protobuf into every build of metricsd — the test command's and the release build
-/// the Debian package makes from scratch — and a clean build of a package that depends on it takes several
-/// times as long as one of the packages metricsd already builds (the Operations article, "Tracing", has the
-/// measurement). JSON over one NIO HTTP/1.1 connection per export is all a collector needs.
+/// the Debian package makes from scratch — and a clean build of a package that depends on it took nearly twice as
+/// long as one of only the packages metricsd already builds (the Operations article, "Tracing", has the
+/// measurement), in a test command already close to its time budget. JSON over one NIO HTTP/1.1 connection per
+/// export is all a collector needs.
 public final class SpanExporter: Service, Sendable {
     static let batchSize = 512
     /// A failed export is logged at most this often (with how many failed since the last line).

@@ -106,7 +106,7 @@ public struct Sampler: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Whether a span of trace `traceID` is recorded, given its parent's sampled flag (nil: no parent).
-    func samples(traceID: [UInt8], parentSampled: Bool?) -> Bool {
+    public func samples(traceID: [UInt8], parentSampled: Bool?) -> Bool {
         if self.followsParent, let parentSampled { return parentSampled }
         switch self.root {
         case .alwaysOn: return true

@@ -133,9 +133,10 @@ final class APIDispatcher: Sendable {
             eventLoop: connection.eventLoop, logger: self.logger)
         let done = Done(
             dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: endpoint.route,
-            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch)
+            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch, trace: finish.span?.context)
         // Traced, the handler runs with the request's span as the current context (bound on this thread for the
-        // callback handlers, which start their work here; ``later(_:done:connection:)`` carries it to the task).
+        // callback handlers, which start their work here; ``later(_:done:connection:)`` binds it in the task, also
+        // when a callback hands its rest over from another thread).
         guard let span = finish.span else {
             self.handle(endpoint, request: request, done: done, connection: connection)
             return
@@ -219,7 +220,7 @@ final class APIDispatcher: Sendable {
 
     /// Runs the rest of a request in the connection's task; its reply goes back to the event loop.
     private func later(_ work: @escaping @Sendable () async throws -> Reply, done: Done, connection: ConnectionContext) {
-        let trace = Traces.currentContext
+        let trace = done.trace
         let accepted = connection.worker.submit {
             let reply: Reply
             do {
@@ -246,6 +247,8 @@ final class APIDispatcher: Sendable {
         let request: EndpointRequest
         let caching: CachePolicy
         let ifNoneMatch: [String]?
+        /// The request's span context while tracing is on (for the rest of the work, wherever it runs).
+        let trace: ServiceContext?
 
         func callAsFunction(_ reply: Reply) {
             let eventLoop = self.finish.eventLoop

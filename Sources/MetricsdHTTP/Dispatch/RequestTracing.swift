@@ -11,7 +11,8 @@ struct RequestTraceInput: Sendable {
     var scheme: String
     /// The `Host` header.
     var host: String?
-    /// The listener's port, when the `Host` header names none.
+    /// The listener's address and port, when the `Host` header names none.
+    var localAddress: String?
     var localPort: Int?
 }
 
@@ -26,7 +27,7 @@ enum RequestTracing {
         span.set("http.request.method", .string(method.rawValue))
         span.set("url.scheme", .string(input.scheme))
         let (host, port) = Self.hostAndPort(input.host)
-        if let host { span.set("server.address", .string(host)) }
+        if let host = host ?? input.localAddress { span.set("server.address", .string(host)) }
         if let port = port ?? input.localPort { span.set("server.port", .int64(Int64(port))) }
         return span
     }
