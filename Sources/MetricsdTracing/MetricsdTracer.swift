@@ -29,16 +29,44 @@ public final class MetricsdTracer: Tracer, Sendable {
         self.span(operationName, parent: context(), kind: kind, links: [], start: instant().nanosecondsSinceEpoch)
     }
 
-    /// A new span, child of the span whose context `parent` holds (a root span when it holds none).
+    /// A new span, child of the span whose context `parent` holds (a root span when it holds none), when it is
+    /// sampled; nil when it is not. metricsd's own spans are made only when sampled: a span of a trace that is not
+    /// recorded would cost a request an object, a lock and ids for nothing (its statements carry no comment, and
+    /// no reply names it), and its children, finding no context, make none either.
+    func sampledSpan(
+        _ name: String, parent: ServiceContext, kind: SpanKind, links: [ServiceContext], start: () -> UInt64
+    ) -> MetricsdSpan? {
+        let parentTrace = parent[TraceContextKey.self]
+        if let parentTrace, !parentTrace.flags.contains(.sampled) { return nil }  // the same id decides the same
+        var ids = FastIDs()
+        let traceID = parentTrace?.traceID ?? TraceID.random(using: &ids)
+        guard self.sampler.samples(traceID: Self.bytes(traceID), parentSampled: parentTrace.map { _ in true }) else {
+            return nil
+        }
+        return self.span(name, parent: parent, traceID: traceID, sampled: true, kind: kind, links: links, start: start())
+    }
+
+    /// A new span, child of the span whose context `parent` holds (a root span when it holds none); not recorded
+    /// when not sampled (for libraries tracing through `InstrumentationSystem`).
     func span(
         _ name: String, parent: ServiceContext, kind: SpanKind, links: [ServiceContext], start: UInt64
     ) -> MetricsdSpan {
         let parentTrace = parent[TraceContextKey.self]
-        let traceID = parentTrace?.traceID ?? TraceID.random()
+        var ids = FastIDs()
+        let traceID = parentTrace?.traceID ?? TraceID.random(using: &ids)
         let sampled = self.sampler.samples(
             traceID: Self.bytes(traceID), parentSampled: parentTrace.map { $0.flags.contains(.sampled) })
+        return self.span(name, parent: parent, traceID: traceID, sampled: sampled, kind: kind, links: links, start: start)
+    }
+
+    private func span(
+        _ name: String, parent: ServiceContext, traceID: TraceID, sampled: Bool, kind: SpanKind, links: [ServiceContext],
+        start: UInt64
+    ) -> MetricsdSpan {
+        let parentTrace = parent[TraceContextKey.self]
+        var ids = FastIDs()
         let trace = TraceContext(
-            traceID: traceID, spanID: SpanID.random(), flags: sampled ? .sampled : [],
+            traceID: traceID, spanID: SpanID.random(using: &ids), flags: sampled ? .sampled : [],
             state: parentTrace?.state ?? TraceState([]))
         var context = parent
         context[TraceContextKey.self] = trace
@@ -69,6 +97,20 @@ public final class MetricsdTracer: Tracer, Sendable {
         guard let trace = context[TraceContextKey.self] else { return }
         injector.inject(trace.traceParentHeaderValue, forKey: "traceparent", into: &carrier)
         if let state = trace.traceStateHeaderValue { injector.inject(state, forKey: "tracestate", into: &carrier) }
+    }
+}
+
+/// Trace and span ids: SplitMix64 over one atomic counter seeded once from the system's generator. Unique and
+/// evenly spread (what W3C ids and the ratio sampler need) without a system call per id, which the system
+/// generator makes; they are no secret.
+struct FastIDs: RandomNumberGenerator {
+    private static let state = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+
+    mutating func next() -> UInt64 {
+        var z = Self.state.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }
 

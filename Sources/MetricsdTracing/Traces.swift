@@ -36,14 +36,15 @@ public enum Traces {
         return self.installed.withLock { $0 }
     }
 
-    /// A new span, child of the span in `parent` (root when it holds none); nil while tracing is off.
+    /// A new span, child of the span in `parent` (root when it holds none); nil while tracing is off, and when the
+    /// span is not sampled.
     public static func startSpan(
         _ name: String, kind: SpanKind = .internal, parent: ServiceContext?, links: [ServiceContext] = []
     ) -> MetricsdSpan? {
         guard let tracer = self.tracer else { return nil }
-        return tracer.span(
+        return tracer.sampledSpan(
             name, parent: parent ?? .topLevel, kind: kind, links: links,
-            start: DefaultTracerClock.now.nanosecondsSinceEpoch)
+            start: { DefaultTracerClock.now.nanosecondsSinceEpoch })
     }
 
     /// The current task's span context, when tracing is on and there is one (what a callback or a pool thread
