@@ -312,7 +312,7 @@ public enum SettingsCatalog {
             "The collector's OTLP/HTTP base URL; traces go to its path /v1/traces. http:// only: run a collector on the host or its network (it forwards over TLS)."
         ),
         Setting(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", .tracing, .text, unset: "OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", .tracing, .text, unset: "the endpoint's /v1/traces",
             "The full URL traces are sent to, used as it is (instead of OTEL_EXPORTER_OTLP_ENDPOINT)."),
         Setting(
             "OTEL_EXPORTER_OTLP_PROTOCOL", .tracing, .choice(["http/json"]), default: "http/json",

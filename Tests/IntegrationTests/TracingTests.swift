@@ -185,6 +185,15 @@ import Testing
         }
     }
 
+    /// `check-config` refuses what tracing does not support, naming the variable and what to set.
+    @Test func checkConfigRefusesAnUnsupportedProtocol() async throws {
+        let files = try CommandLineTests.HostFiles(settings: "OTEL_TRACES_EXPORTER=otlp\nOTEL_EXPORTER_OTLP_PROTOCOL=grpc\n")
+        let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
+        #expect(check.status == 78, "\(check)")
+        #expect(check.stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "\(check.stderr)")
+        #expect(check.stderr.contains("http/json"), "\(check.stderr)")
+    }
+
     /// Holds an exclusive lock on `profile_metrics_latest` for three seconds while a read with a trusted
     /// `traceparent` waits for it, and returns the read's statement text as `pg_stat_activity` shows it.
     static func blockedReadQuery(

@@ -176,8 +176,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         return RequestTraceInput(
             traceParent: trusted ? head.headers.first(name: "traceparent") : nil,
             traceState: trusted ? Self.joined(head.headers["tracestate"]) : nil,
-            scheme: self.scheme, host: head.headers.first(name: "host"),
-            localAddress: context.channel.localAddress?.ipAddress, localPort: context.channel.localAddress?.port)
+            scheme: self.scheme, host: head.headers.first(name: "host"), local: context.channel.localAddress)
     }
 
     private static func joined(_ values: [String]) -> String? {
