@@ -1,6 +1,5 @@
 import HTTPTypes
 import MetricsdTracing
-import NIOCore
 import Tracing
 
 /// What the connection knows of a request for its server span (``APIDispatcher``); made only while tracing is on.
@@ -12,9 +11,9 @@ struct RequestTraceInput: Sendable {
     var scheme: String
     /// The `Host` header.
     var host: String?
-    /// The listener's address, for `server.address` and `server.port` when the `Host` header names none (described
-    /// only for a sampled request).
-    var local: SocketAddress?
+    /// The listener's address and port, when the `Host` header names none.
+    var localAddress: String?
+    var localPort: Int?
 }
 
 /// A request's server span (OpenTelemetry's HTTP server conventions): named `METHOD route` once the route is known
@@ -28,8 +27,8 @@ enum RequestTracing {
         span.set("http.request.method", .string(method.rawValue))
         span.set("url.scheme", .string(input.scheme))
         let (host, port) = Self.hostAndPort(input.host)
-        if let host = host ?? input.local?.ipAddress { span.set("server.address", .string(host)) }
-        if let port = port ?? input.local?.port { span.set("server.port", .int64(Int64(port))) }
+        if let host = host ?? input.localAddress { span.set("server.address", .string(host)) }
+        if let port = port ?? input.localPort { span.set("server.port", .int64(Int64(port))) }
         return span
     }
 

@@ -176,7 +176,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         return RequestTraceInput(
             traceParent: trusted ? head.headers.first(name: "traceparent") : nil,
             traceState: trusted ? Self.joined(head.headers["tracestate"]) : nil,
-            scheme: self.scheme, host: head.headers.first(name: "host"), local: context.channel.localAddress)
+            scheme: self.scheme, host: head.headers.first(name: "host"),
+            localAddress: context.channel.localAddress?.ipAddress, localPort: context.channel.localAddress?.port)
     }
 
     private static func joined(_ values: [String]) -> String? {
