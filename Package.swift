@@ -18,6 +18,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.7.0"),
         // Tests only (keys and tokens for the token tests): metricsd verifies tokens with the system's libcrypto.
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.1.0"),
+        // The tracing API (spans, service contexts); metricsd's own tracer and OTLP/HTTP JSON exporter implement it
+        // (MetricsdTracing, which says why not swift-otel).
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.1.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
@@ -29,6 +32,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0", traits: []),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
+        // W3C trace context: traceparent/tracestate parsing and formatting, random trace and span ids.
+        .package(url: "https://github.com/swift-otel/swift-w3c-trace-context.git", from: "1.0.0"),
         // Tests only: an independent implementation that mints the tokens metricsd verifies (jwt-kit would link
         // swift-certificates' X.509 code and swift-crypto's BoringSSL into the binary for nothing).
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.1.0"),
@@ -46,17 +51,35 @@ let package = Package(
         // The one masking rule for passwords and secrets in any text metricsd shows. No dependencies.
         .target(name: "MetricsdMasking", swiftSettings: swiftSettings),
 
+        // Tracing: the tracer behind swift-distributed-tracing's API (W3C trace context, samplers), the spans'
+        // helpers every module uses, and the exporter that sends finished spans as OTLP/HTTP JSON.
+        .target(
+            name: "MetricsdTracing",
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
         // The libpq driver alone: connections, the pool, results, errors, connection settings (the connection rules)
         // and the migrator with the embedded migrations.
         .target(
             name: "MetricsdPostgres",
             dependencies: [
-                "CLibPQ", "HealthMetrics", "MetricsdMasking",
+                "CLibPQ", "HealthMetrics", "MetricsdMasking", "MetricsdTracing",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: swiftSettings,
             plugins: ["EmbedResourcesPlugin"]
@@ -85,10 +108,11 @@ let package = Package(
         .target(
             name: "MetricsdWork",
             dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdPostgres", "MetricsdSystemd", "MetricsdTracing",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -98,12 +122,13 @@ let package = Package(
         .target(
             name: "MetricsdReads",
             dependencies: [
-                "HealthMetrics", "MetricsdPostgres", "MetricsdWork",
+                "HealthMetrics", "MetricsdPostgres", "MetricsdTracing", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -113,7 +138,7 @@ let package = Package(
         .target(
             name: "MetricsdHTTP",
             dependencies: [
-                "CLibCrypto", "HealthMetrics",
+                "CLibCrypto", "HealthMetrics", "MetricsdTracing",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -123,6 +148,7 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -132,7 +158,7 @@ let package = Package(
             name: "MetricsdConfiguration",
             dependencies: [
                 "HealthMetrics", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd",
-                "MetricsdWork",
+                "MetricsdTracing", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -145,7 +171,7 @@ let package = Package(
             name: "MetricsdDaemon",
             dependencies: [
                 "HealthMetrics", "MetricsdBuildStamp", "MetricsdConfiguration", "MetricsdHTTP", "MetricsdPostgres",
-                "MetricsdReads", "MetricsdSystemd", "MetricsdWork",
+                "MetricsdReads", "MetricsdSystemd", "MetricsdTracing", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -230,7 +256,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MetricsdConfigurationTests",
-            dependencies: ["MetricsdConfiguration", "MetricsdHTTP", "MetricsdTestSupport"],
+            dependencies: ["MetricsdConfiguration", "MetricsdHTTP", "MetricsdTestSupport", "MetricsdTracing"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

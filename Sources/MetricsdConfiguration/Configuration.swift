@@ -10,6 +10,7 @@ import MetricsdMasking
 import MetricsdPostgres
 import MetricsdReads
 import MetricsdSystemd
+import MetricsdTracing
 import MetricsdWork
 import NIOCore
 
@@ -105,6 +106,8 @@ public struct Configuration: Sendable {
     public var notifyDatabaseURL: String?
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
+    /// Tracing (`OTEL_TRACES_EXPORTER=otlp` and the other `OTEL_*` variables); nil: off, the default.
+    public var tracing: TracingSettings?
 
     /// Reads the configuration.
     /// - Parameter environment: the process environment (tests pass their own).
@@ -184,6 +187,7 @@ public struct Configuration: Sendable {
             Int($0).flatMap { $0 >= MetricsFormula.current.version ? $0 : nil }
         }
         self.formula = testVersion.map { MetricsFormula.rehearsal(version: $0) } ?? .current
+        self.tracing = try Self.tracingSettings(reader)
     }
 
     /// `METRICSD_DB_PREPARED_STATEMENTS` and `METRICSD_NOTIFY_DATABASE_URL`.

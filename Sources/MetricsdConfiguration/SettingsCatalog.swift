@@ -5,6 +5,7 @@ import FoundationEssentials
 import Foundation
 #endif
 import HealthMetrics
+import MetricsdTracing
 
 /// One setting (an environment variable): the single table from which `Configuration` takes ranges and
 /// defaults, `metricsd help` lists the environment, `metricsd check-config` checks values, and the man page and
@@ -39,6 +40,7 @@ public struct Setting: Sendable {
         case logging = "Logging"
         case tokens = "End-user tokens"
         case admin = "Admin"
+        case tracing = "Tracing (OpenTelemetry)"
         case files = "Files"
         case testing = "Testing only (never set in production)"
     }
@@ -300,6 +302,35 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_ADMIN_TOKEN", .admin, .secret, unset: "none",
             "The admin token itself (development only: visible in the process environment; use the credential)."),
+
+        Setting(
+            "OTEL_TRACES_EXPORTER", .tracing, .choice(["otlp", "none"]), default: "none",
+            "otlp sends traces to an OpenTelemetry collector's OTLP/HTTP receiver as JSON: a span for each HTTP request (continuing a traceparent only from METRICSD_TRUSTED_PROXIES), its wait for a database connection or a read batch, each PostgreSQL statement (a sampled one carries its traceparent as a comment in its text, seen in pg_stat_activity and the server's log), and each daily-unit and recompute-all chunk. Spans never carry parameter values. none (the default) makes no spans at all."
+        ),
+        Setting(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", .tracing, .text, default: "http://localhost:4318",
+            "The collector's OTLP/HTTP base URL; traces go to its path /v1/traces. http:// only: run a collector on the host or its network (it forwards over TLS)."
+        ),
+        Setting(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", .tracing, .text, unset: "the endpoint's /v1/traces",
+            "The full URL traces are sent to, used as it is (instead of OTEL_EXPORTER_OTLP_ENDPOINT)."),
+        Setting(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", .tracing, .choice(["http/json"]), default: "http/json",
+            "Only http/json is supported (grpc and http/protobuf are refused at start and by check-config)."
+        ),
+        Setting(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", .tracing, .choice(["http/json"]), unset: "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "The same for traces alone: only http/json."),
+        Setting(
+            "OTEL_TRACES_SAMPLER", .tracing, .choice(Sampler.names), default: "parentbased_always_on",
+            "Which traces are recorded: always_on, always_off, traceidratio (OTEL_TRACES_SAMPLER_ARG of them, by trace id), or parentbased_* (a request continuing a trusted proxy's traceparent follows its sampled flag; traces starting here as the rest of the name says). A trace that is not recorded costs its requests nothing but a few ids."
+        ),
+        Setting(
+            "OTEL_TRACES_SAMPLER_ARG", .tracing, .number(0...1), default: "1",
+            "The ratio of the traceidratio samplers, 0 to 1 (0.01: one trace in a hundred)."),
+        Setting(
+            "OTEL_SERVICE_NAME", .tracing, .text, default: "metricsd",
+            "service.name of the spans (tell instances apart by the host in the collector, or set it per instance)."),
 
         Setting(
             "METRICSD_CONFIG_FILE", .files, .settingsFile, default: "-/etc/metricsd/metricsd.conf",

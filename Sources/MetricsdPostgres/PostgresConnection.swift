@@ -1,6 +1,8 @@
 internal import CLibPQ
 import Glibc
 import MetricsdMasking
+import MetricsdTracing
+import Tracing
 
 /// One libpq connection. Not thread-safe: the pool hands it to one thread-pool job at a time.
 public final class PostgresConnection: @unchecked Sendable {  // exclusive use is enforced by PostgresPool
@@ -23,6 +25,11 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     public private(set) var usesNamedStatements = true
     /// What this connection was opened with (another session to the same place is opened from it).
     public let settings: ConnectionSettings
+    /// The span the statements run now belong to (their spans are its children; ``StatementTrace``); nil: no
+    /// statement span. Set by the pool for the length of a caller's work, by the batched read for each batch.
+    public var trace: StatementTrace?
+    /// The database's name (`db.namespace` of the statement spans).
+    private lazy var databaseName: String = PQdb(self.handle).map { String(cString: $0) } ?? ""
 
     /// Opens a connection (blocking; call from a thread-pool thread): within `settings.connectDeadlineSeconds` when
     /// set, else as libpq does (`connect_timeout` per host).
@@ -133,6 +140,12 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// client's unnamed statement).
     @discardableResult
     public func query(_ sql: String, _ parameters: [String?] = []) throws(PostgresError) -> PostgresResult {
+        try self.traced(StatementTrace.summary(of: sql)) { (comment) throws(PostgresError) in
+            try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
+        }
+    }
+
+    private func unnamed(_ sql: String, _ parameters: [String?]) throws(PostgresError) -> PostgresResult {
         let sent = Self.withOptionalCStrings(parameters) { values in
             PQsendQueryParams(self.handle, sql, Int32(parameters.count), nil, values, nil, nil, 0)
         }
@@ -145,7 +158,14 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     public func prepared(_ name: String, _ sql: String, _ parameters: [String?] = []) throws(PostgresError)
         -> PostgresResult
     {
-        guard self.usesNamedStatements else { return try self.query(sql, parameters) }
+        try self.traced(name) { (comment) throws(PostgresError) in
+            // A sampled statement's text differs from every other's: sent unnamed, the prepared one stays as it is.
+            guard self.usesNamedStatements, comment == nil else { return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters) }
+            return try self.named(name, sql, parameters)
+        }
+    }
+
+    private func named(_ name: String, _ sql: String, _ parameters: [String?]) throws(PostgresError) -> PostgresResult {
         if !self.preparedNames.contains(name) {
             let sent = PQsendPrepare(self.handle, name, sql, Int32(parameters.count), nil)
             _ = try self.check(self.awaitResult(sent: sent))
@@ -159,7 +179,35 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
 
     /// Runs statements without parameters (several separated by `;` are allowed): migrations, `BEGIN`, `LISTEN`.
     public func execute(_ sql: String) throws(PostgresError) {
-        _ = try self.check(self.awaitResult(sent: PQsendQuery(self.handle, sql)))
+        try self.traced(StatementTrace.summary(of: sql)) { (comment) throws(PostgresError) in
+            _ = try self.check(self.awaitResult(sent: PQsendQuery(self.handle, comment.map { $0 + sql } ?? sql)))
+        }
+    }
+
+    /// Runs one statement in its span (a client span, child of ``trace``'s parent) when there is a trace: `run`
+    /// gets the sqlcommenter comment to put before the statement's text when the span is sampled (nil otherwise,
+    /// and always without a trace: the text is then exactly the caller's). The span never carries parameter
+    /// values: only the statement's summary, the database, and the SQLSTATE of a failure.
+    private func traced<T>(
+        _ name: @autoclosure () -> String, _ run: (String?) throws(PostgresError) -> T
+    ) throws(PostgresError) -> T {
+        guard let trace = self.trace else { return try run(nil) }
+        let summary = name()
+        guard let span = Traces.startSpan(summary, kind: .client, parent: trace.parent, links: trace.links) else {
+            return try run(nil)
+        }
+        defer { span.end() }
+        span.set("db.system.name", "postgresql")
+        span.set("db.namespace", .string(self.databaseName))
+        span.set("db.query.summary", .string(summary))
+        do {
+            return try run(span.sampledTraceParent.map { "/*traceparent='\($0)'*/ " })
+        } catch {
+            if let sqlState = error.sqlState { span.set("db.response.status_code", .string(sqlState)) }
+            span.set("error.type", .string(error.sqlState ?? error.code.description))
+            span.setStatus(SpanStatus(code: .error))
+            throw error
+        }
     }
 
     /// Waits for the answer to the statement just sent, at most `statementDeadlineSeconds`, and returns what
@@ -358,6 +406,25 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         let copies = strings.map { $0.map { strdup($0) } ?? nil }
         defer { copies.forEach { free($0) } }
         return body(copies.map { $0.map { UnsafePointer($0) } })
+    }
+}
+
+/// Where a connection's statements belong in a trace: the parent of their spans, and the spans they are linked to
+/// (the requests a batched read serves).
+public struct StatementTrace: Sendable {
+    public var parent: ServiceContext
+    public var links: [ServiceContext]
+
+    public init(parent: ServiceContext, links: [ServiceContext] = []) {
+        self.parent = parent
+        self.links = links
+    }
+
+    /// A statement's `db.query.summary` when it has no name: its first keyword (`SELECT`, `BEGIN`), never more of
+    /// its text.
+    static func summary(of sql: String) -> String {
+        let word = sql.drop { $0 == " " || $0 == "\n" || $0 == "\t" }.prefix { $0.isLetter }
+        return word.isEmpty ? "statement" : word.uppercased()
     }
 }
 

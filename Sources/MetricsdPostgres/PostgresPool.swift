@@ -1,8 +1,10 @@
 import CoreMetrics
 import Logging
+import MetricsdTracing
 import NIOCore
 import NIOPosix
 import Synchronization
+import Tracing
 
 /// A small pool of libpq connections whose blocking calls run on a dedicated `NIOThreadPool`, never on Swift's
 /// cooperative threads.
@@ -161,10 +163,23 @@ public final class PostgresPool: Sendable {
         deadline: ContinuousClock.Instant? = nil
     ) async throws -> T {
         let started = ContinuousClock.now
-        let slot = try await self.acquire(deadline: deadline)
+        // Inside a trace: the wait for a connection is a span, and the body's statements are children of the
+        // caller's span.
+        let trace = Traces.currentContext
+        let waiting = trace.flatMap { Traces.startSpan("wait for database connection", parent: $0) }
+        let slot: Slot
+        do {
+            slot = try await self.acquire(deadline: deadline)
+            waiting?.end()
+        } catch {
+            waiting?.setStatus(SpanStatus(code: .error))
+            waiting?.set("error.type", .string((error as? PostgresError)?.code.description ?? "error"))
+            waiting?.end()
+            throw error
+        }
         let reusable = self.reusable(slot, fresh: fresh)
         // The slot's old session (not reused) goes with the job, and is closed on the pool thread after it.
-        let transfer = UnsafeTransfer((slot, reusable))
+        let transfer = UnsafeTransfer((slot, reusable, trace.map { StatementTrace(parent: $0) }))
         return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             let attempt = Attempt(continuation)
             // Only opening a connection can outlast the deadline (a statement has its own): no timer otherwise.
@@ -184,7 +199,7 @@ public final class PostgresPool: Sendable {
                     return
                 }
                 withExtendedLifetime(transfer.value.0) {
-                    self.work(reusing: transfer.value.1, deadline: deadline, attempt: attempt, body)
+                    self.work(reusing: transfer.value.1, trace: transfer.value.2, deadline: deadline, attempt: attempt, body)
                 }
             }
         }
@@ -193,8 +208,8 @@ public final class PostgresPool: Sendable {
     /// The blocking part of a call, on a pool thread: the connection (`reusing`, else a new one), then `body`
     /// unless the caller gave up meanwhile; the connection goes back to the pool before the caller is resumed.
     private func work<T: Sendable>(
-        reusing reusable: PostgresConnection?, deadline: ContinuousClock.Instant?, attempt: Attempt<T>,
-        _ body: (PostgresConnection) throws -> T
+        reusing reusable: PostgresConnection?, trace: StatementTrace?, deadline: ContinuousClock.Instant?,
+        attempt: Attempt<T>, _ body: (PostgresConnection) throws -> T
     ) {
         let connection: PostgresConnection
         do {
@@ -215,7 +230,9 @@ public final class PostgresPool: Sendable {
             let left = max(0.05, Self.seconds(deadline - .now))
             connection.statementDeadlineSeconds = min(configured ?? left, left)
         }
+        connection.trace = trace
         let result = Result { try body(connection) }
+        connection.trace = nil
         connection.statementDeadlineSeconds = configured
         self.release(connection)
         if case .failure(let error) = result { self.count(error) }

@@ -1,8 +1,10 @@
 import MetricsdPostgres
+import MetricsdTracing
 import MetricsdWork
 import HealthMetrics
 import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// Coalesces concurrent latest-metrics reads into one statement per batch (`SQL.latestMetricsBatch`).
 ///
@@ -35,8 +37,11 @@ package final class LatestMetricsBatcher: Service, Sendable {
         }
     }
 
-    /// A read waiting: whose, how to answer it, and when it was asked (its bound runs from then).
-    private typealias Waiter = (userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant)
+    /// A read waiting: whose, how to answer it, when it was asked (its bound runs from then), and its request's
+    /// span context and wait span when traced.
+    private typealias Waiter = (
+        userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant, trace: (request: ServiceContext, wait: MetricsdSpan)?
+    )
 
     private struct State {
         var pending: [Waiter] = []
@@ -81,15 +86,41 @@ package final class LatestMetricsBatcher: Service, Sendable {
     }
 
     func load(userID: Int64) async throws -> LatestMetrics? {
-        try await withCheckedThrowingContinuation { continuation in
-            self.enqueue((userID, .continuation(continuation), .now))
+        let trace = Self.waitSpan()
+        return try await withCheckedThrowingContinuation { continuation in
+            self.enqueue((userID, .continuation(continuation), .now, trace))
         }
     }
 
     /// The same read for a caller outside Swift concurrency: `completion` runs once, on whichever thread finished
     /// the batch. Never runs the statement on the caller's thread (an event loop must not block).
     func load(userID: Int64, completion: @escaping Completion) {
-        self.enqueue((userID, .callback(completion), .now))
+        self.enqueue((userID, .callback(completion), .now, Self.waitSpan()))
+    }
+
+    /// The caller's span context and a wait span, child of it, when inside a trace (the task's, or the one the
+    /// HTTP dispatcher binds around a callback handler).
+    private static func waitSpan() -> (request: ServiceContext, wait: MetricsdSpan)? {
+        guard let request = Traces.currentContext, let wait = Traces.startSpan("wait for read batch", parent: request)
+        else { return nil }
+        return (request, wait)
+    }
+
+    /// Answers a waiter (its wait is over, if it was not yet).
+    private static func answer(_ waiter: Waiter, _ result: Result<LatestMetrics?, any Error>) {
+        waiter.trace?.wait.end()
+        waiter.resumption.resume(result)
+    }
+
+    /// Where a batch's statement belongs in the trace: a child of the first sampled request's span (else the
+    /// first traced one), linked to every other traced request's span; ends their waits. Nil: none is traced.
+    private static func statementTrace(_ waiters: [Waiter]) -> StatementTrace? {
+        let traced = waiters.compactMap(\.trace)
+        guard !traced.isEmpty else { return nil }
+        for trace in traced { trace.wait.end() }
+        let parent = traced.firstIndex { Traces.isSampled($0.request) } ?? 0
+        return StatementTrace(
+            parent: traced[parent].request, links: traced.indices.filter { $0 != parent }.map { traced[$0].request })
     }
 
     private enum Enqueued {
@@ -111,7 +142,7 @@ package final class LatestMetricsBatcher: Service, Sendable {
         switch outcome {
         case .waiting: break
         case .wake(let runner): runner.resume(returning: true)
-        case .refused: waiter.resumption.resume(.failure(PostgresError(code: .poolClosed, message: "shutting down")))
+        case .refused: Self.answer(waiter, .failure(PostgresError(code: .poolClosed, message: "shutting down")))
         }
     }
 
@@ -165,10 +196,13 @@ package final class LatestMetricsBatcher: Service, Sendable {
         }
         let unique = Array(Set(waiters.map(\.userID)))
         do {
-            let found = try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters))
-            for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
+            // The read server's pool continues the first request's trace (links need the primary's path).
+            let found = try await ServiceContext.$current.withValue(Self.statementTrace(waiters)?.parent) {
+                try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters))
+            }
+            for waiter in waiters { Self.answer(waiter, .success(found[waiter.userID])) }
         } catch {
-            for waiter in waiters { waiter.resumption.resume(.failure(error)) }
+            for waiter in waiters { Self.answer(waiter, .failure(error)) }
         }
     }
 
@@ -194,14 +228,16 @@ package final class LatestMetricsBatcher: Service, Sendable {
                     if let configured, let deadline = self.deadline(of: waiters) {
                         connection.statementDeadlineSeconds = min(configured, max(0.05, Self.seconds(deadline - .now)))
                     }
+                    connection.trace = Self.statementTrace(waiters)
                     let found = try PostgresStore.readLatest(userIDs: Array(Set(waiters.map(\.userID))), on: connection)
-                    for waiter in waiters { waiter.resumption.resume(.success(found[waiter.userID])) }
+                    connection.trace = nil
+                    for waiter in waiters { Self.answer(waiter, .success(found[waiter.userID])) }
                     let next = self.state.withLock { Self.take(&$0.pending, upTo: maxBatch) }
                     current.batch.withLock { $0 = next }
                 }
             }
         } catch {
-            for waiter in current.batch.withLock({ $0 }) { waiter.resumption.resume(.failure(error)) }
+            for waiter in current.batch.withLock({ $0 }) { Self.answer(waiter, .failure(error)) }
             return
         }
         // Batches taken on the last turn and not run yet: run them on the next connection.

@@ -13,6 +13,7 @@ import Logging
 import MetricsdHTTP
 import MetricsdPostgres
 import MetricsdSystemd
+import MetricsdTracing
 import NIOCore
 import NIOPosix
 import Prometheus
@@ -144,6 +145,16 @@ struct DaemonAssembly {
                     },
                     reload: reload.callAsFunction, logger: self.logger))
         ]
+        // Early in the list, so late in shutdown: the spans of the last requests and batches are sent before it ends.
+        if let tracing = configuration.tracing {
+            self.logger.info(
+                "Tracing on",
+                metadata: [
+                    "metricsd.trace.endpoint": "\(tracing.endpoint)", "metricsd.trace.sampler": "\(tracing.sampler)",
+                    "metricsd.trace.service_name": "\(tracing.serviceName)",
+                ])
+            services.append(.init(service: Traces.install(tracing, logger: self.logger)))
+        }
         if let watchdog = WatchdogConfiguration.fromEnvironment() {
             services.append(
                 .init(

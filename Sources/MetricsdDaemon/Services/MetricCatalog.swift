@@ -147,6 +147,11 @@ enum MetricCatalog {
             "metricsd_work_failures_total", .counter, labels: ["kind"],
             "Failed attempts at a chunk (daily, recompute, retention) or at claiming one (claim); the chunk is retried after a backoff."),
 
+        // Tracing (OTEL_TRACES_EXPORTER=otlp): exported only while tracing is on
+        Entry(
+            "metricsd_trace_spans_dropped_total", .counter,
+            "Finished sampled spans never sent: the export queue was full, or the export that carried them failed."),
+
         // Recompute jobs
         Entry(
             "metricsd_recompute_jobs_active", .gauge,

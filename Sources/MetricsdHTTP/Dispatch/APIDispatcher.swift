@@ -2,6 +2,8 @@ import CoreMetrics
 import HTTPTypes
 import HealthMetrics
 import Logging
+import MetricsdTracing
+import Tracing
 import NIOCore
 import NIOHTTP1
 import Synchronization
@@ -12,6 +14,8 @@ package struct ConnectionContext: Sendable {
     let worker: ConnectionWorker
     /// The client's address for the request log (``TrustedProxies``).
     var client: String = ""
+    /// What the request's server span is made from; nil while tracing is off.
+    var trace: RequestTraceInput?
 }
 
 /// The one path every HTTP request takes, whatever its route.
@@ -63,7 +67,7 @@ final class APIDispatcher: Sendable {
         let requestID = Self.requestID(from: fields.requestID)
         let finish = Finish(
             dispatcher: self, method: method, requestID: requestID, client: connection.client, started: started,
-            completion: completion)
+            span: connection.trace.flatMap { RequestTracing.start(method: method, input: $0) }, completion: completion)
         let endpoint: Endpoint
         let parameter: Substring?
         switch self.routes.match(method: method, target: head.uri) {
@@ -129,7 +133,22 @@ final class APIDispatcher: Sendable {
             eventLoop: connection.eventLoop, logger: self.logger)
         let done = Done(
             dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: endpoint.route,
-            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch)
+            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch, trace: finish.span?.context)
+        // Traced, the handler runs with the request's span as the current context (bound on this thread for the
+        // callback handlers, which start their work here; ``later(_:done:connection:)`` binds it in the task, also
+        // when a callback hands its rest over from another thread).
+        guard let span = finish.span else {
+            self.handle(endpoint, request: request, done: done, connection: connection)
+            return
+        }
+        ServiceContext.$current.withValue(span.context) {
+            self.handle(endpoint, request: request, done: done, connection: connection)
+        }
+    }
+
+    private func handle(_ endpoint: Endpoint, request: EndpointRequest, done: Done, connection: ConnectionContext) {
+        let requestID = request.requestID
+        let user = request.userID
         switch endpoint.handler {
         case .immediate(let handle):
             let reply: Reply
@@ -201,10 +220,15 @@ final class APIDispatcher: Sendable {
 
     /// Runs the rest of a request in the connection's task; its reply goes back to the event loop.
     private func later(_ work: @escaping @Sendable () async throws -> Reply, done: Done, connection: ConnectionContext) {
+        let trace = done.trace
         let accepted = connection.worker.submit {
             let reply: Reply
             do {
-                reply = try await work()
+                if let trace {
+                    reply = try await ServiceContext.$current.withValue(trace) { try await work() }
+                } else {
+                    reply = try await work()
+                }
             } catch {
                 reply = self.errorReply(error, requestID: done.request.requestID, userID: done.request.userID)
             }
@@ -223,6 +247,8 @@ final class APIDispatcher: Sendable {
         let request: EndpointRequest
         let caching: CachePolicy
         let ifNoneMatch: [String]?
+        /// The request's span context while tracing is on (for the rest of the work, wherever it runs).
+        let trace: ServiceContext?
 
         func callAsFunction(_ reply: Reply) {
             let eventLoop = self.finish.eventLoop
@@ -251,6 +277,8 @@ final class APIDispatcher: Sendable {
         let requestID: String
         let client: String
         let started: ContinuousClock.Instant
+        /// The request's server span, while tracing is on.
+        var span: MetricsdSpan? = nil
         let completion: (Reply, String) -> Void
 
         func callAsFunction(
@@ -259,6 +287,11 @@ final class APIDispatcher: Sendable {
             var reply = reply
             caching.prepare(&reply, method: self.method, ifNoneMatch: ifNoneMatch)
             let status = reply.status.code
+            if let span = self.span,
+                let traceParent = RequestTracing.finish(span, method: self.method, route: route, status: status)
+            {
+                reply.headers[RequestTracing.traceParentField] = traceParent
+            }
             HTTPMetrics.record(route: route, method: self.method, status: status, since: self.started)
             self.dispatcher.requestLog.record(
                 method: self.method, route: route, status: status, started: self.started, userID: userID,

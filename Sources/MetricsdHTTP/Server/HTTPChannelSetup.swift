@@ -92,7 +92,7 @@ package struct HTTPChannelSetup: Sendable {
             try pipeline.addHandler(
                 HTTPConnectionHandler(
                     dispatcher: self.dispatcher, worker: worker, timeouts: self.timeouts, proxies: self.proxies,
-                    now: channel.eventLoop.now))
+                    scheme: self.tls == nil ? "http" : "https", now: channel.eventLoop.now))
             return Connection(channel: channel, worker: worker)
         }
     }

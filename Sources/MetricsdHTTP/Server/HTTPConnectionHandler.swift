@@ -1,4 +1,5 @@
 import HTTPTypes
+import MetricsdTracing
 import NIOCore
 import NIOHTTP1
 
@@ -34,6 +35,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let dispatcher: APIDispatcher
     private let worker: ConnectionWorker
     private let proxies: TrustedProxies
+    /// `http`, or `https` on a TLS listener (`url.scheme` of the request spans).
+    private let scheme: String
     /// The connection's remote address, described once.
     private var peer: TrustedProxies.Peer?
     private var machine: ConnectionStateMachine
@@ -47,11 +50,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     init(
         dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
-        now: NIODeadline
+        scheme: String = "http", now: NIODeadline
     ) {
         self.dispatcher = dispatcher
         self.worker = worker
         self.proxies = proxies
+        self.scheme = scheme
         self.machine = ConnectionStateMachine(timeouts: timeouts, maxBodySize: APIDispatcher.maxBodySize, now: now)
     }
 
@@ -125,8 +129,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             break
         case .dispatch(let head, let body):
             let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            let connection = ConnectionContext(
+            var connection = ConnectionContext(
                 eventLoop: context.eventLoop, worker: self.worker, client: self.client(of: head, context: context))
+            if Traces.isEnabled { connection.trace = self.traceInput(of: head, context: context) }
             self.dispatcher.respond(to: head, body: body, connection: connection) { reply, requestID in
                 bound.value.replyReady(reply, requestID: requestID)
             }
@@ -159,6 +164,24 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         guard !self.proxies.isEmpty else { return peer.text }
         let values = head.headers[self.proxies.header.rawValue]
         return self.proxies.client(peer: peer, forwarded: values.isEmpty ? nil : values.joined(separator: ", "))
+    }
+
+    /// What a request's server span is made from: the trace context a trusted proxy passed on (a client's own
+    /// `traceparent` is ignored unless the peer is a trusted proxy: anyone could otherwise choose to be sampled, and
+    /// make every statement of their requests unique), the scheme and the listener's port.
+    private func traceInput(of head: HTTPRequestHead, context: ChannelHandlerContext) -> RequestTraceInput {
+        let peer = self.peer ?? TrustedProxies.Peer(context.channel.remoteAddress)
+        self.peer = peer
+        let trusted = peer.bytes.map { self.proxies.trusts($0) } ?? false
+        return RequestTraceInput(
+            traceParent: trusted ? head.headers.first(name: "traceparent") : nil,
+            traceState: trusted ? Self.joined(head.headers["tracestate"]) : nil,
+            scheme: self.scheme, host: head.headers.first(name: "host"),
+            localAddress: context.channel.localAddress?.ipAddress, localPort: context.channel.localAddress?.port)
+    }
+
+    private static func joined(_ values: [String]) -> String? {
+        values.isEmpty ? nil : values.joined(separator: ",")
     }
 
     // MARK: Outbound

@@ -1,5 +1,6 @@
 import MetricsdPostgres
 import HealthMetrics
+import Tracing
 
 /// A chunk this worker holds.
 public struct ClaimedChunk: Sendable, Hashable {
@@ -44,6 +45,30 @@ public struct ClaimedChunk: Sendable, Hashable {
         self.takenOverFrom = result.string(row, 10)
         self.dueEpochSeconds = result.string(row, 12).flatMap(Double.init)
         self.utcOffsetSeconds = result.string(row, 13).flatMap(Int.init)
+    }
+
+    /// The name of the chunk's span.
+    var spanName: String {
+        switch self.kind {
+        case .daily: "daily unit chunk"
+        case .recompute: "recompute-all chunk"
+        }
+    }
+
+    /// What the chunk's span says about it (no user's data: the zone, the date, the id range).
+    var spanAttributes: [(String, SpanAttribute)] {
+        var attributes: [(String, SpanAttribute)] = [
+            ("metricsd.chunk.id", .int64(self.id)), ("metricsd.chunk.range_start", .int64(self.rangeStart)),
+            ("metricsd.chunk.range_end", .int64(self.rangeEnd)), ("metricsd.formula.version", .int64(Int64(self.version))),
+        ]
+        switch self.kind {
+        case .daily(let zone, let date):
+            attributes.append(("metricsd.zone", .string(zone)))
+            attributes.append(("metricsd.date", .string(date.description)))
+        case .recompute(let job):
+            attributes.append(("metricsd.recompute.job", .int64(job)))
+        }
+        return attributes
     }
 
     var conflict: SQL.Conflict {

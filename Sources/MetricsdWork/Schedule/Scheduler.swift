@@ -8,6 +8,7 @@ import HealthMetrics
 import Logging
 import MetricsdPostgres
 import MetricsdSystemd
+import MetricsdTracing
 import ServiceLifecycle
 import Synchronization
 
@@ -283,8 +284,15 @@ public struct Scheduler: Service {
         return try await self.queue.claim().map(ClaimedWork.users)
     }
 
-    /// Works through a chunk of a daily unit or a recompute job.
+    /// Works through a chunk of a daily unit or a recompute job: traced, in a span of its own (a root: no request
+    /// asked for it), whose children are the chunk's statements and connection waits.
     private func compute(_ chunk: ClaimedChunk) async throws {
+        try await Traces.withSpan(chunk.spanName, attributes: chunk.spanAttributes) { _ in
+            try await self.computeUntraced(chunk)
+        }
+    }
+
+    private func computeUntraced(_ chunk: ClaimedChunk) async throws {
         let started = ContinuousClock.now
         let liveness = self.liveness
         let reporter = self.reporter

@@ -1,0 +1,133 @@
+/// What tracing is configured with (the `OTEL_*` variables, read by the configuration loader).
+public struct TracingSettings: Sendable, Equatable {
+    /// Where finished spans go: an OTLP/HTTP receiver's traces URL (`http://host:port/v1/traces`).
+    public struct Endpoint: Sendable, Equatable, CustomStringConvertible {
+        public let host: String
+        public let port: Int
+        /// The request path, `/v1/traces` unless the traces endpoint names another.
+        public let path: String
+
+        public init(host: String, port: Int, path: String) {
+            self.host = host
+            self.port = port
+            self.path = path
+        }
+
+        public var description: String {
+            let shownHost = self.host.contains(":") ? "[\(self.host)]" : self.host
+            return "http://\(shownHost):\(self.port)\(self.path)"
+        }
+
+        /// An `http://` URL: its host, port (default 80) and path (nil: none given). Nil for anything else.
+        public static func parse(_ url: String) -> (host: String, port: Int, path: String?)? {
+            guard url.lowercased().hasPrefix("http://") else { return nil }
+            let rest = url.dropFirst("http://".count)
+            let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            let path = rest.dropFirst(authority.count)
+            guard !authority.isEmpty, !authority.contains("@"), !path.contains("?"), !path.contains("#") else { return nil }
+            var host = Substring(authority)
+            var port = 80
+            if authority.hasPrefix("[") {
+                guard let close = authority.firstIndex(of: "]") else { return nil }
+                host = authority[authority.index(after: authority.startIndex)..<close]
+                let after = authority[authority.index(after: close)...]
+                if !after.isEmpty {
+                    guard after.hasPrefix(":"), let number = Int(after.dropFirst()) else { return nil }
+                    port = number
+                }
+            } else if let colon = authority.lastIndex(of: ":") {
+                host = authority[..<colon]
+                guard let number = Int(authority[authority.index(after: colon)...]) else { return nil }
+                port = number
+            }
+            guard !host.isEmpty, (1...65_535).contains(port) else { return nil }
+            return (String(host), port, path.isEmpty ? nil : String(path))
+        }
+    }
+
+    public let endpoint: Endpoint
+    public let sampler: Sampler
+    /// `service.name` of every span's resource.
+    public let serviceName: String
+    /// Finished spans waiting for export at most; beyond it a span is dropped (and counted), never waited for.
+    public let queueCapacity: Int
+
+    public init(endpoint: Endpoint, sampler: Sampler, serviceName: String, queueCapacity: Int = 4096) {
+        self.endpoint = endpoint
+        self.sampler = sampler
+        self.serviceName = serviceName
+        self.queueCapacity = queueCapacity
+    }
+}
+
+/// Which traces are recorded (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`).
+public struct Sampler: Sendable, Equatable, CustomStringConvertible {
+    /// What decides a trace that starts here (no parent).
+    public enum Root: Sendable, Equatable {
+        case alwaysOn
+        case alwaysOff
+        /// This fraction of traces, chosen by the trace id (the same id gets the same answer in every process).
+        case ratio(Double)
+    }
+
+    public let root: Root
+    /// Whether a span with a parent follows the parent's decision (`parentbased_*`) instead of `root`.
+    public let followsParent: Bool
+
+    public init(root: Root, followsParent: Bool) {
+        self.root = root
+        self.followsParent = followsParent
+    }
+
+    /// The sampler names `OTEL_TRACES_SAMPLER` takes.
+    public static let names = [
+        "parentbased_traceidratio", "traceidratio", "always_on", "always_off", "parentbased_always_on",
+        "parentbased_always_off",
+    ]
+
+    /// The sampler named `name` with `argument` (the ratio of the `*traceidratio` samplers, default 1); nil when the
+    /// name is unknown or the ratio not a number from 0 to 1.
+    public static func named(_ name: String, argument: String?) -> Sampler? {
+        let ratio: Double?
+        if let argument {
+            ratio = Double(argument).flatMap { $0.isFinite && (0...1).contains($0) ? $0 : nil }
+        } else {
+            ratio = 1
+        }
+        switch name {
+        case "always_on": return Sampler(root: .alwaysOn, followsParent: false)
+        case "always_off": return Sampler(root: .alwaysOff, followsParent: false)
+        case "parentbased_always_on": return Sampler(root: .alwaysOn, followsParent: true)
+        case "parentbased_always_off": return Sampler(root: .alwaysOff, followsParent: true)
+        case "traceidratio": return ratio.map { Sampler(root: .ratio($0), followsParent: false) }
+        case "parentbased_traceidratio": return ratio.map { Sampler(root: .ratio($0), followsParent: true) }
+        default: return nil
+        }
+    }
+
+    /// Whether a span of trace `traceID` is recorded, given its parent's sampled flag (nil: no parent).
+    public func samples(traceID: [UInt8], parentSampled: Bool?) -> Bool {
+        if self.followsParent, let parentSampled { return parentSampled }
+        switch self.root {
+        case .alwaysOn: return true
+        case .alwaysOff: return false
+        case .ratio(let ratio):
+            if ratio >= 1 { return true }
+            if ratio <= 0 { return false }
+            // The trace id's last 8 bytes (random in W3C trace ids) against the ratio of their range.
+            var value: UInt64 = 0
+            for byte in traceID.suffix(8) { value = value << 8 | UInt64(byte) }
+            return value < UInt64(ratio * 18_446_744_073_709_551_615.0)
+        }
+    }
+
+    public var description: String {
+        let base =
+            switch self.root {
+            case .alwaysOn: "always_on"
+            case .alwaysOff: "always_off"
+            case .ratio(let ratio): "traceidratio \(ratio)"
+            }
+        return self.followsParent ? "parentbased_\(base)" : base
+    }
+}
