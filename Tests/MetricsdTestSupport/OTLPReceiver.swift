@@ -41,7 +41,7 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
         self.process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         self.process.arguments = ["python3", self.directory + "/receiver.py", String(self.port), self.directory]
         // Its output to a file: a child that outlived the test must not hold the test runner's output open.
-        FileManager.default.createFile(atPath: self.directory + "/output.txt", contents: nil)
+        _ = FileManager.default.createFile(atPath: self.directory + "/output.txt", contents: nil)
         let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.directory + "/output.txt"))
         self.process.standardOutput = output
         self.process.standardError = output
