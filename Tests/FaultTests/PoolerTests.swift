@@ -156,12 +156,7 @@ import Testing
                 let zones = ["Europe/Paris", "Pacific/Chatham"]
                 try await database.execute(Fault.seedSQL(count: 4000, zones: zones))
                 let dailyAt = try await Fault.dailyTime(database)
-                // Only the job runs: version 2's daily units of these zones count as done already.
-                try await database.execute(
-                    """
-                    INSERT INTO daily_units (timezone, local_date, version, timezone_known, state, users_total, created_at)
-                    SELECT z, date '2999-12-31', 2, true, 'done', 0, now() FROM unnest(ARRAY['\(zones.joined(separator: "','"))']) z
-                    """)
+                try await Fault.leaveVersion2ToTheJob(database, zones: zones)
                 let pooled = bouncer.url(database: testDatabase.name)
                 let extra = [
                     "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_LEASE_SECONDS": "4", "METRICSD_TICK_SECONDS": "1",
