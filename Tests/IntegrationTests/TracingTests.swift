@@ -10,16 +10,23 @@ import Testing
     /// A user id no span may show (parameter values never enter a span).
     static let userID: Int64 = 4_711_042
 
-    /// The environment of a traced daemon: tracing to `receiver` with `sampler`, every zone's daily time past.
-    static func environment(
-        _ database: TestDatabase, port: Int, receiver: OTLPReceiver, sampler: String, trustProxy: Bool = true
-    ) -> [String: String] {
+    /// A receiver and a traced daemon, ready: tracing to the receiver with `sampler`, every zone's daily time past,
+    /// 127.0.0.1 a trusted proxy unless `trustProxy` is false.
+    static func start(
+        _ database: TestDatabase, sampler: String, trustProxy: Bool = true
+    ) async throws -> (receiver: OTLPReceiver, daemon: DaemonProcess) {
+        let receiver = try OTLPReceiver()
+        try await receiver.waitUntilReady()
         var extra = [
             "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_SAMPLER": sampler,
             "OTEL_SERVICE_NAME": "metricsd-test", "METRICSD_DAILY_AT": "00:00", "METRICSD_WORKERS": "1",
         ]
         if trustProxy { extra["METRICSD_TRUSTED_PROXIES"] = "127.0.0.1" }
-        return DaemonProcess.environment(databaseURL: database.url, port: port, extra: extra)
+        let port = DaemonProcess.freePort()
+        let daemon = try DaemonProcess(
+            environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: extra), port: port)
+        try await daemon.waitUntilReady()
+        return (receiver, daemon)
     }
 
     static func randomHex(bytes: Int) -> String {
@@ -43,13 +50,7 @@ import Testing
     @Test func readAndDailyUnitAreTraced() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID, timezone: "Asia/Kathmandu")])
-            let receiver = try OTLPReceiver()
-            try await receiver.waitUntilReady()
-            let port = DaemonProcess.freePort()
-            let daemon = try DaemonProcess(
-                environment: Self.environment(database, port: port, receiver: receiver, sampler: "parentbased_always_on"),
-                port: port)
-            try await daemon.waitUntilReady()
+            let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_on")
 
             // The daily unit (its time, 00:00, has passed in every zone): one chunk span, a root, with statements.
             let daily = await receiver.spans { spans in
@@ -92,7 +93,7 @@ import Testing
             #expect(server.attributes["http.response.status_code"] == "200")
             #expect(server.attributes["url.scheme"] == "http")
             #expect(server.attributes["server.address"] == "127.0.0.1")
-            #expect(server.attributes["server.port"] == String(port))
+            #expect(server.attributes["server.port"] == String(daemon.port))
             let wait = try #require(trace.first { $0.name == "wait for read batch" })
             #expect(wait.parentSpanID == server.spanID && wait.kind == 1)
             let statement = try #require(trace.first { $0.kind == 3 })
@@ -120,19 +121,14 @@ import Testing
     @Test func sampledStatementNamesItsTraceInPgStatActivity() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID)])
-            let receiver = try OTLPReceiver()
-            try await receiver.waitUntilReady()
-            let port = DaemonProcess.freePort()
-            let daemon = try DaemonProcess(
-                environment: Self.environment(database, port: port, receiver: receiver, sampler: "parentbased_always_on"),
-                port: port)
-            try await daemon.waitUntilReady()
+            let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_on")
             let traceID = Self.randomHex(bytes: 16)
             let query = try await Self.blockedReadQuery(database, daemon: daemon, traceID: traceID, flags: "01")
             #expect(query.hasPrefix("/*traceparent='00-\(traceID)-"), "pg_stat_activity.query: \(query)")
             #expect(query.contains("-01'*/ "))
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)
+            withExtendedLifetime(receiver) {}  // the daemon exports to it until it exits
         }
     }
 
@@ -141,12 +137,7 @@ import Testing
     @Test func samplingOffExportsNothingAndLeavesStatementsAlone() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID)])
-            let receiver = try OTLPReceiver()
-            try await receiver.waitUntilReady()
-            let port = DaemonProcess.freePort()
-            let daemon = try DaemonProcess(
-                environment: Self.environment(database, port: port, receiver: receiver, sampler: "always_off"), port: port)
-            try await daemon.waitUntilReady()
+            let (receiver, daemon) = try await Self.start(database, sampler: "always_off")
             let traceID = Self.randomHex(bytes: 16)
             let query = try await Self.blockedReadQuery(database, daemon: daemon, traceID: traceID, flags: "01")
             #expect(!query.contains("traceparent") && !query.contains("/*"), "pg_stat_activity.query: \(query)")
@@ -166,14 +157,7 @@ import Testing
     @Test func traceparentFromAnUntrustedClientIsIgnored() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID)])
-            let receiver = try OTLPReceiver()
-            try await receiver.waitUntilReady()
-            let port = DaemonProcess.freePort()
-            let daemon = try DaemonProcess(
-                environment: Self.environment(
-                    database, port: port, receiver: receiver, sampler: "parentbased_always_off", trustProxy: false),
-                port: port)
-            try await daemon.waitUntilReady()
+            let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_off", trustProxy: false)
             let traceID = Self.randomHex(bytes: 16)
             let response = try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8))
             #expect(response.status == .ok)
