@@ -157,7 +157,8 @@ let package = Package(
         .target(
             name: "MetricsdConfiguration",
             dependencies: [
-                "HealthMetrics", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd",
+                "HealthMetrics", "MetricsdHTTP", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads",
+                "MetricsdSystemd",
                 "MetricsdTracing", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -219,7 +220,8 @@ let package = Package(
         .target(
             name: "MetricsdTestSupport",
             dependencies: [
-                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres", "MetricsdReads",
+                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "MetricsdReads",
                 "MetricsdSystemd", "MetricsdWork", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
@@ -235,7 +237,8 @@ let package = Package(
         ),
         // metricsd with faults injected through its test seams (METRICSD_FAULTS), for the fault-injection suites.
         .executableTarget(
-            name: "metricsd-faults", dependencies: ["MetricsdCLI", "MetricsdDaemon", "MetricsdPostgres", "MetricsdWork"],
+            name: "metricsd-faults",
+            dependencies: ["MetricsdCLI", "MetricsdDaemon", "MetricsdPostgres", "MetricsdWork"],
             path: "Tests/FaultInjectingDaemon", swiftSettings: swiftSettings),
         .testTarget(
             name: "MetricsdSystemdTests",
@@ -267,7 +270,8 @@ let package = Package(
         .testTarget(
             name: "MetricsdDaemonTests",
             dependencies: [
-                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP",
+                "MetricsdPostgres",
                 "MetricsdReads", "MetricsdSystemd", "MetricsdTestSupport", "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -300,7 +304,8 @@ let package = Package(
         .testTarget(
             name: "MetricsdReadsTests",
             dependencies: [
-                "HealthMetrics", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdTestSupport", "MetricsdWork",
+                "HealthMetrics", "MetricsdMasking", "MetricsdPostgres", "MetricsdReads", "MetricsdTestSupport",
+                "MetricsdWork",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -310,7 +315,8 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "HealthMetrics", "MetricsdCLI", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP",
+                "MetricsdPostgres",
                 "MetricsdReads", "MetricsdSystemd", "MetricsdTestSupport", "MetricsdWork", "NotifyTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

@@ -16,7 +16,9 @@ extension Dictionary where Key == String, Value: ExpressibleByStringLiteral, Val
     /// `metricsd.error` (the description) and, for a ``CodedError``, `metricsd.error.code`.
     public static func errorFields(_ error: any Error) -> Self {
         var fields: Self = ["metricsd.error": Value(stringLiteral: "\(error)")]
-        if let coded = error as? any CodedError { fields["metricsd.error.code"] = Value(stringLiteral: coded.errorCode) }
+        if let coded = error as? any CodedError {
+            fields["metricsd.error.code"] = Value(stringLiteral: coded.errorCode)
+        }
         return fields
     }
 

@@ -20,7 +20,8 @@ public struct ExportProfile: Hashable, Sendable {
     public let acknowledgement: (version: Int, computedAt: Timestamp, acknowledgedAt: Timestamp)?
 
     public init(
-        userID: Int64, timezone: String, hasSettings: Bool, dateOfBirth: String?, gender: String?, weightKilograms: String?,
+        userID: Int64, timezone: String, hasSettings: Bool, dateOfBirth: String?, gender: String?,
+        weightKilograms: String?,
         heightCentimetres: String?, activityLevel: String?, onboardingCompleted: Bool, settingsUpdatedAt: Timestamp?,
         invalidSettings: String?, acknowledgement: (version: Int, computedAt: Timestamp, acknowledgedAt: Timestamp)?
     ) {
@@ -40,7 +41,8 @@ public struct ExportProfile: Hashable, Sendable {
 
     public static func == (lhs: ExportProfile, rhs: ExportProfile) -> Bool {
         lhs.userID == rhs.userID && lhs.timezone == rhs.timezone && lhs.hasSettings == rhs.hasSettings
-            && lhs.dateOfBirth == rhs.dateOfBirth && lhs.gender == rhs.gender && lhs.weightKilograms == rhs.weightKilograms
+            && lhs.dateOfBirth == rhs.dateOfBirth && lhs.gender == rhs.gender
+            && lhs.weightKilograms == rhs.weightKilograms
             && lhs.heightCentimetres == rhs.heightCentimetres && lhs.activityLevel == rhs.activityLevel
             && lhs.onboardingCompleted == rhs.onboardingCompleted && lhs.settingsUpdatedAt == rhs.settingsUpdatedAt
             && lhs.invalidSettings == rhs.invalidSettings

@@ -11,7 +11,9 @@ public struct LatestMetrics: Hashable, Sendable {
     /// valid.
     public let invalidSettings: String?
 
-    public init(metrics: ComputedMetrics, computedAt: Timestamp, acknowledgedAt: Timestamp?, invalidSettings: String? = nil) {
+    public init(
+        metrics: ComputedMetrics, computedAt: Timestamp, acknowledgedAt: Timestamp?, invalidSettings: String? = nil
+    ) {
         self.metrics = metrics
         self.computedAt = computedAt
         self.acknowledgedAt = acknowledgedAt

@@ -47,7 +47,8 @@ extension RawSettings {
     public func validate(on date: LocalDate, timezoneKnown: Bool = true, timezone: String = "") -> Validation {
         var reasons: [SkipReason] = []
         if !timezoneKnown {
-            reasons.append(.init(.unknownTimezone, "timezone \(quoted(timezone)) is not a time zone the database knows"))
+            reasons.append(
+                .init(.unknownTimezone, "timezone \(quoted(timezone)) is not a time zone the database knows"))
         }
         guard self.exists else {
             reasons.append(.init(.settingsMissing, "no settings: onboarding has not stored any"))

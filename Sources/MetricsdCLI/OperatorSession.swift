@@ -1,18 +1,19 @@
-import MetricsdConfiguration
-import MetricsdWork
-import MetricsdDaemon
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import HealthMetrics
 import Logging
+import MetricsdConfiguration
+import MetricsdDaemon
+import MetricsdHTTP
 import MetricsdPostgres
 import MetricsdSystemd
+import MetricsdWork
 import NIOCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The operator commands that talk to the database directly, so they work with no daemon running.
 public struct OperatorSession: Sendable {
@@ -68,8 +69,10 @@ public struct OperatorSession: Sendable {
         } catch {
             throw Failure("configuration error: \(error)", code: error.errorCode)
         }
-        let pool = PostgresPool(settings: settings, configuration: .init(size: 2, acquireTimeout: .seconds(30)), logger: logger)
-        let tool = OperatorSession(configuration: configuration, pool: pool, logger: logger, notifySettings: notifySettings)
+        let pool = PostgresPool(
+            settings: settings, configuration: .init(size: 2, acquireTimeout: .seconds(30)), logger: logger)
+        let tool = OperatorSession(
+            configuration: configuration, pool: pool, logger: logger, notifySettings: notifySettings)
         do {
             try await body(tool)
             await pool.close()
@@ -129,9 +132,13 @@ public struct OperatorSession: Sendable {
         let outcome = try await self.jobs.trigger(version: version, requestedBy: "cli")
         Self.print(AdminController.message(outcome, version: version))
         guard let job = outcome.job, !job.state.isFinished else { return }  // nothing to do
-        let alive = try await StatusQueries(pool: self.pool).instances().filter { $0.alive && $0.formulaVersion == version }
+        let alive = try await StatusQueries(pool: self.pool).instances().filter {
+            $0.alive && $0.formulaVersion == version
+        }
         if alive.isEmpty {
-            Self.print("note: no running metricsd with formula version \(version) was seen in the last minute; the job starts when one runs")
+            Self.print(
+                "note: no running metricsd with formula version \(version) was seen in the last minute; the job starts when one runs"
+            )
         }
         guard wait else { return }
         try await self.follow(jobID: job.id)
@@ -220,7 +227,9 @@ public struct OperatorSession: Sendable {
             } catch let error as PostgresError where Self.isTransient(error) {
                 let first = since ?? ContinuousClock.now
                 if since == nil {
-                    Self.print("waiting for the database (\(error.message.split(separator: "\n").first ?? "")); retrying for up to \(Self.reconnectDeadline)")
+                    Self.print(
+                        "waiting for the database (\(error.message.split(separator: "\n").first ?? "")); retrying for up to \(Self.reconnectDeadline)"
+                    )
                 }
                 since = first
                 guard ContinuousClock.now - first < Self.reconnectDeadline else { throw error }
@@ -247,7 +256,9 @@ public struct OperatorSession: Sendable {
             jobs = try await self.jobs.recent(limit: 10)
         }
         if json {
-            Self.print(id == nil ? "[" + jobs.map(AdminController.json).joined(separator: ",") + "]" : AdminController.json(jobs[0]))
+            Self.print(
+                id == nil
+                    ? "[" + jobs.map(AdminController.json).joined(separator: ",") + "]" : AdminController.json(jobs[0]))
             return
         }
         if jobs.isEmpty { Self.print("no recompute jobs") }
@@ -256,9 +267,11 @@ public struct OperatorSession: Sendable {
 
     public func recomputeCancel(id: Int64) async throws {
         switch try await self.jobs.cancel(id: id) {
-        case .cancelled(let job): Self.print("recompute job \(id) cancelled at \(Self.percent(job.percent)); trigger again to continue")
+        case .cancelled(let job):
+            Self.print("recompute job \(id) cancelled at \(Self.percent(job.percent)); trigger again to continue")
         case .alreadyFinished(let job):
-            throw Failure("recompute job \(id) is already \(job.state.rawValue)", code: AppError.Code.jobFinished.rawValue)
+            throw Failure(
+                "recompute job \(id) is already \(job.state.rawValue)", code: AppError.Code.jobFinished.rawValue)
         case .notFound: throw Failure("no recompute job \(id)", code: AppError.Code.jobNotFound.rawValue)
         }
     }
@@ -331,7 +344,10 @@ public struct OperatorSession: Sendable {
             return
         }
         let rows = users.map { user in
-            [String(user.userID), user.reasonCodes.joined(separator: ","), user.metricsDate?.description ?? "-", user.source, user.reasons]
+            [
+                String(user.userID), user.reasonCodes.joined(separator: ","), user.metricsDate?.description ?? "-",
+                user.source, user.reasons,
+            ]
         }
         Self.print(TextTable.render(header: ["USER", "REASON", "DATE", "SOURCE", "WHY"], rows: rows))
     }
@@ -351,21 +367,28 @@ public struct OperatorSession: Sendable {
         let poll = "polled every \(Setting.format(self.configuration.idlePoll.seconds)) s"
         let place = self.notifySettings == nil ? "DATABASE_URL" : "METRICSD_NOTIFY_DATABASE_URL"
         do {
-            let listener = Listener(connection: try await self.pool.openDedicatedConnection(settings: self.notifySettings))
+            let listener = Listener(
+                connection: try await self.pool.openDedicatedConnection(settings: self.notifySettings))
             if self.notifySettings == nil && listener.connection.isPooled {
-                return "notifications: \(poll) (DATABASE_URL goes through a connection pooler and METRICSD_NOTIFY_DATABASE_URL is not set)"
+                return
+                    "notifications: \(poll) (DATABASE_URL goes through a connection pooler and METRICSD_NOTIFY_DATABASE_URL is not set)"
             }
             try await self.pool.runBlocking { try listener.connection.execute("LISTEN metricsd_status_probe") }
             let nonce = String(UInt64.random(in: 1...UInt64.max), radix: 16)
             let sent = ContinuousClock.now
-            _ = try await self.pool.withConnection { try $0.query("SELECT pg_notify('metricsd_status_probe', $1)", [nonce]) }
+            _ = try await self.pool.withConnection {
+                try $0.query("SELECT pg_notify('metricsd_status_probe', $1)", [nonce])
+            }
             while ContinuousClock.now - sent < .seconds(2) {
                 let arrived = try await self.pool.runBlocking {
-                    try listener.connection.waitForNotifications(timeoutMilliseconds: 200).contains { $0.payload == nonce }
+                    try listener.connection.waitForNotifications(timeoutMilliseconds: 200).contains {
+                        $0.payload == nonce
+                    }
                 }
                 if arrived { return "notifications: arrive on \(place) (LISTEN)" }
             }
-            return "notifications: \(poll): a notification sent through DATABASE_URL did not arrive on \(place) within 2 s"
+            return
+                "notifications: \(poll): a notification sent through DATABASE_URL did not arrive on \(place) within 2 s"
         } catch {
             return "notifications: not checked (\(error))"
         }
@@ -374,7 +397,8 @@ public struct OperatorSession: Sendable {
     // MARK: healthcheck
 
     /// `GET /readyz` on the running daemon: 0 when ready, else 1 and a one-line reason on stderr.
-    public static func healthcheck(address: String?, timeout: Double, environment base: [String: String]) async -> Int32 {
+    public static func healthcheck(address: String?, timeout: Double, environment base: [String: String]) async -> Int32
+    {
         let environment: [String: String]
         do {
             environment = try ConfigFile.merge(into: HostEnvironment(base).environment)
@@ -383,12 +407,15 @@ public struct OperatorSession: Sendable {
             return 1
         }
         let tls = (environment["METRICSD_TLS"] ?? "off").lowercased()
-        var text = address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
+        var text =
+            address ?? environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
         // It speaks plain HTTP: with TLS on the public listener, the internal one answers (when it is plain TCP).
         if address == nil && (tls == "public" || tls == "both") {
             let internalAddress = environment["METRICSD_INTERNAL_LISTEN"].flatMap { ListenAddress(parsing: $0) }
             guard tls == "public", let internalAddress, internalAddress.unixPath == nil else {
-                StandardError.write("not ready: cannot ask \(text): it speaks TLS (METRICSD_TLS=\(tls)); give --address of a plain listener\n")
+                StandardError.write(
+                    "not ready: cannot ask \(text): it speaks TLS (METRICSD_TLS=\(tls)); give --address of a plain listener\n"
+                )
                 return 1
             }
             text = internalAddress.description

@@ -1,11 +1,12 @@
+import Glibc
 import MetricsdDaemon
 import MetricsdHTTP
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
-import Glibc
 
 /// A minimal blocking HTTP/1.1 GET over a TCP socket, for `metricsd healthcheck` (no HTTP client dependency).
 enum SimpleHTTP {
@@ -38,7 +39,8 @@ enum SimpleHTTP {
         guard connect(descriptor, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 else {
             return .failure(Failure(description: String(cString: strerror(errno)).lowercased()))
         }
-        let request = "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\nUser-Agent: metricsd-healthcheck\r\n\r\n"
+        let request =
+            "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\nUser-Agent: metricsd-healthcheck\r\n\r\n"
         let sent = request.utf8CString.withUnsafeBufferPointer { send(descriptor, $0.baseAddress, $0.count - 1, 0) }
         guard sent > 0 else { return .failure(Failure(description: String(cString: strerror(errno)).lowercased())) }
         var data = [UInt8]()

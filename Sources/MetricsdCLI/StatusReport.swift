@@ -1,14 +1,15 @@
-import MetricsdReads
-import MetricsdWork
+import HealthMetrics
 import MetricsdDaemon
 import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-import HealthMetrics
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdWork
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `metricsd status`: everything an operator asks at 00:30, from the database alone.
 struct StatusReport {
@@ -40,10 +41,13 @@ struct StatusReport {
         let schema = try await pool.withConnection { try migrator.status(on: $0) }
         guard schema.latestApplied != nil else {
             throw OperatorSession.Failure(
-                "the database has no metricsd schema yet: run `metricsd migrate`", code: OperatorSession.Failure.schemaMissing)
+                "the database has no metricsd schema yet: run `metricsd migrate`",
+                code: OperatorSession.Failure.schemaMissing)
         }
         let now = try await pool.withConnection { connection in
-            Timestamp(millisecondsSinceEpoch: try connection.query("SELECT (extract(epoch FROM now()) * 1000)::bigint").int(0, 0))
+            Timestamp(
+                millisecondsSinceEpoch: try connection.query("SELECT (extract(epoch FROM now()) * 1000)::bigint").int(
+                    0, 0))
         }
         return StatusReport(
             now: now, dailyAt: dailyAt, formulaVersion: formula.version, schema: schema,
@@ -51,7 +55,8 @@ struct StatusReport {
             zones: try await queries.zones(dailyAt: dailyAt, version: formula.version),
             skips: try await queries.skipsByReason(), jobs: try await RecomputeJobs(pool: pool).recent(limit: 5),
             versions: try await queries.usersByLatestVersion(), retentionDays: retentionDays,
-            retention: try await queries.retention(days: max(1, retentionDays)), readServers: try await queries.readServers(),
+            retention: try await queries.retention(days: max(1, retentionDays)),
+            readServers: try await queries.readServers(),
             historyMove: try await queries.historyMove(), historyMoveOn: historyMoveOn)
     }
 
@@ -65,7 +70,8 @@ struct StatusReport {
             self.schema.isCurrent
             ? "current (\(self.schema.latestApplied ?? "-"))"
             : "BEHIND: \(self.schema.pending.count) pending (\(self.schema.pending.joined(separator: ", ")))"
-        lines.append("metricsd status at \(self.now)   formula version \(self.formulaVersion)   daily at \(self.dailyAt)")
+        lines.append(
+            "metricsd status at \(self.now)   formula version \(self.formulaVersion)   daily at \(self.dailyAt)")
         lines.append("schema: \(schemaLine)")
         lines.append("")
         let alive = self.instances.filter(\.alive).count
@@ -115,7 +121,8 @@ struct StatusReport {
         let skipped = self.skips.reduce(0) { $0 + $1.users }
         lines.append(self.skips.isEmpty ? "skipped users by reason: none" : "skipped users by reason:")
         if !self.skips.isEmpty {
-            lines.append(TextTable.render(header: ["REASON", "USERS"], rows: self.skips.map { [$0.reason, String($0.users)] }))
+            lines.append(
+                TextTable.render(header: ["REASON", "USERS"], rows: self.skips.map { [$0.reason, String($0.users)] }))
             lines.append("(a user can have several reasons: \(skipped) in all; `metricsd skipped` lists the users)")
         }
         lines.append("")
@@ -135,14 +142,21 @@ struct StatusReport {
         lines.append(
             TextTable.render(
                 header: ["VERSION", "USERS"],
-                rows: self.versions.map { [$0.version.map { "v\($0)" + ($0 == self.formulaVersion ? " (current)" : " (old)") } ?? "no metrics", String($0.users)] }))
+                rows: self.versions.map {
+                    [
+                        $0.version.map { "v\($0)" + ($0 == self.formulaVersion ? " (current)" : " (old)") }
+                            ?? "no metrics", String($0.users),
+                    ]
+                }))
         return lines.joined(separator: "\n")
     }
 
     /// Each live instance's read servers: state, lag, and share of its latest reads.
     var readServerLines: [String] {
         guard !self.readServers.isEmpty else {
-            return ["read servers: none (every latest read goes to DATABASE_URL; METRICSD_READ_DATABASE_URL names standbys)"]
+            return [
+                "read servers: none (every latest read goes to DATABASE_URL; METRICSD_READ_DATABASE_URL names standbys)"
+            ]
         }
         var totals: [String: Int] = [:]
         for row in self.readServers { totals[row.instance, default: 0] += row.status.reads }
@@ -153,7 +167,8 @@ struct StatusReport {
                 rows: self.readServers.map { row in
                     let total = totals[row.instance] ?? 0
                     return [
-                        row.instance, row.status.server, row.status.usable ? "in use" : "LEFT: \(row.status.problem ?? "-")",
+                        row.instance, row.status.server,
+                        row.status.usable ? "in use" : "LEFT: \(row.status.problem ?? "-")",
                         row.status.lagSeconds.map { "\(($0 * 10).rounded() / 10) s" } ?? "-", String(row.status.reads),
                         total > 0 ? OperatorSession.percent(100 * Double(row.status.reads) / Double(total)) : "-",
                     ]
@@ -184,9 +199,11 @@ struct StatusReport {
             return "history move: every month copied from \(move.source)\(paused); indexes built for "
                 + "\(move.monthsReady) of \(move.months) months, \(move.logEntries) writes to replay; started \(move.createdAt)"
         case .swapped:
-            return "history move: dropping \(move.source), the \(move.months) months attached in its place\(self.swapLock)"
+            return
+                "history move: dropping \(move.source), the \(move.months) months attached in its place\(self.swapLock)"
         case .done:
-            return "history: moved into monthly partitions (\(move.rowsCopied) rows of \(move.source) in \(move.months) "
+            return
+                "history: moved into monthly partitions (\(move.rowsCopied) rows of \(move.source) in \(move.months) "
                 + "months, \(move.createdAt) to \(move.finishedAt.map { "\($0)" } ?? "-")\(self.swapLock))"
         }
     }
@@ -212,14 +229,16 @@ struct StatusReport {
         let run = self.retention.latest.map { run in
             JSONWriter.object([
                 "id": .int(run.id), "state": .string(run.state), "cutoff": .timestamp(run.cutoff),
-                "fullPass": .bool(run.fullPass), "datesDone": .int(Int64(run.datesDone)), "dates": .int(Int64(run.dates)),
+                "fullPass": .bool(run.fullPass), "datesDone": .int(Int64(run.datesDone)),
+                "dates": .int(Int64(run.dates)),
                 "rowsRemoved": .int(run.removed), "createdAt": .timestamp(run.createdAt),
                 "finishedAt": run.finishedAt.map { .timestamp($0) } ?? .null,
             ])
         }
         return JSONWriter.object([
             "days": .int(Int64(self.retentionDays)),
-            "behindSeconds": self.retentionDays > 0 ? .double((self.retention.behindSeconds * 10).rounded() / 10) : .null,
+            "behindSeconds": self.retentionDays > 0
+                ? .double((self.retention.behindSeconds * 10).rounded() / 10) : .null,
             "latestRun": run.map { .raw($0) } ?? .null,
         ])
     }
@@ -236,7 +255,8 @@ struct StatusReport {
         }
         let zones = self.zones.map { zone in
             JSONWriter.object([
-                "timezone": .string(zone.timezone), "known": .bool(zone.known), "date": .string(zone.dueDate.description),
+                "timezone": .string(zone.timezone), "known": .bool(zone.known),
+                "date": .string(zone.dueDate.description),
                 "dueAt": .timestamp(zone.dueAt), "state": .string(zone.state.rawValue),
                 "usersTotal": .int(Int64(zone.usersTotal)), "usersDone": .int(Int64(zone.usersDone)),
                 "usersSkipped": .int(Int64(zone.usersSkipped)),
@@ -265,7 +285,10 @@ struct StatusReport {
                 ])),
             "zones": .raw("[" + zones.joined(separator: ",") + "]"),
             "skippedByReason": .raw(
-                "[" + self.skips.map { JSONWriter.object(["reason": .string($0.reason), "users": .int(Int64($0.users))]) }
+                "["
+                    + self.skips.map {
+                        JSONWriter.object(["reason": .string($0.reason), "users": .int(Int64($0.users))])
+                    }
                     .joined(separator: ",") + "]"),
             "recomputeJobs": .raw("[" + self.jobs.map(AdminController.json).joined(separator: ",") + "]"),
             "retention": .raw(self.retentionJSON),
@@ -275,15 +298,19 @@ struct StatusReport {
                     + self.readServers.map { row in
                         JSONWriter.object([
                             "instance": .string(row.instance), "server": .string(row.status.server),
-                            "usable": .bool(row.status.usable), "lagSeconds": row.status.lagSeconds.map { .double(($0 * 100).rounded() / 100) } ?? .null,
-                            "reads": .int(Int64(row.status.reads)), "problem": row.status.problem.map { .string($0) } ?? .null,
+                            "usable": .bool(row.status.usable),
+                            "lagSeconds": row.status.lagSeconds.map { .double(($0 * 100).rounded() / 100) } ?? .null,
+                            "reads": .int(Int64(row.status.reads)),
+                            "problem": row.status.problem.map { .string($0) } ?? .null,
                             "updatedAt": .timestamp(row.updatedAt),
                         ])
                     }.joined(separator: ",") + "]"),
             "usersByFormulaVersion": .raw(
                 "["
                     + self.versions.map {
-                        JSONWriter.object(["version": $0.version.map { .int(Int64($0)) } ?? .null, "users": .int(Int64($0.users))])
+                        JSONWriter.object([
+                            "version": $0.version.map { .int(Int64($0)) } ?? .null, "users": .int(Int64($0.users)),
+                        ])
                     }.joined(separator: ",") + "]"),
         ])
     }

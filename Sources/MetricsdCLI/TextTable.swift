@@ -1,10 +1,11 @@
 import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// Plain aligned columns for terminal output.

@@ -1,8 +1,9 @@
 import MetricsdHTTP
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// `METRICSD_CONFIG_FILE`: optional `NAME=value` lines (the settings of `metricsd help`) that override the

@@ -12,11 +12,17 @@ extension Configuration {
     /// `METRICSD_INTERNAL_LISTEN`, or its former name `METRICSD_METRICS_LISTEN` (not both).
     static func internalListener(_ reader: EnvironmentReader) throws(ConfigurationError) -> ListenAddress? {
         let expected = "host:port or unix:/absolute/path, e.g. 127.0.0.1:9464 or unix:/run/metricsd/internal.sock"
-        let current = try reader.parseOptional("METRICSD_INTERNAL_LISTEN", expected: expected) { ListenAddress(parsing: $0) }
-        let former = try reader.parseOptional("METRICSD_METRICS_LISTEN", expected: expected) { ListenAddress(parsing: $0) }
+        let current = try reader.parseOptional("METRICSD_INTERNAL_LISTEN", expected: expected) {
+            ListenAddress(parsing: $0)
+        }
+        let former = try reader.parseOptional("METRICSD_METRICS_LISTEN", expected: expected) {
+            ListenAddress(parsing: $0)
+        }
         if current != nil && former != nil {
             throw ConfigurationError(
-                .invalidValue, "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN: set only METRICSD_INTERNAL_LISTEN")
+                .invalidValue,
+                "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN: set only METRICSD_INTERNAL_LISTEN"
+            )
         }
         return current ?? former
     }
@@ -41,13 +47,19 @@ public struct TLSSettings: Sendable {
 
     /// The certificate and key as the service reads them (a refreshed copy first, then its credentials, else
     /// `METRICSD_TLS_CERTIFICATE_FILE`/`METRICSD_TLS_KEY_FILE`), both required.
-    package static func read(environment: [String: String]) throws(ConfigurationError) -> (certificate: String, key: String) {
+    package static func read(environment: [String: String]) throws(ConfigurationError) -> (
+        certificate: String, key: String
+    ) {
         let certificate = try Secrets.read(
-            credential: "tls-certificate", file: "METRICSD_TLS_CERTIFICATE_FILE", variable: nil, environment: environment)
-        let key = try Secrets.read(credential: "tls-key", file: "METRICSD_TLS_KEY_FILE", variable: nil, environment: environment)
+            credential: "tls-certificate", file: "METRICSD_TLS_CERTIFICATE_FILE", variable: nil,
+            environment: environment)
+        let key = try Secrets.read(
+            credential: "tls-key", file: "METRICSD_TLS_KEY_FILE", variable: nil, environment: environment)
         guard let certificate, let key else {
             throw ConfigurationError(
-                .tlsIncomplete, "METRICSD_TLS needs a certificate and its key: the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate, /etc/credstore/metricsd-tls-key; LoadCredential= in the unit), or METRICSD_TLS_CERTIFICATE_FILE and METRICSD_TLS_KEY_FILE")
+                .tlsIncomplete,
+                "METRICSD_TLS needs a certificate and its key: the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate, /etc/credstore/metricsd-tls-key; LoadCredential= in the unit), or METRICSD_TLS_CERTIFICATE_FILE and METRICSD_TLS_KEY_FILE"
+            )
         }
         return (certificate, key)
     }
@@ -73,7 +85,8 @@ extension Configuration {
     public static func tlsWithoutInternalListener(onPublic: Bool) -> ConfigurationError {
         ConfigurationError(
             .invalidValue,
-            "METRICSD_TLS=\(onPublic ? "both" : "internal") needs the internal listener, and there is none: set METRICSD_INTERNAL_LISTEN (e.g. 127.0.0.1:8090) or enable metricsd-internal.socket, or set METRICSD_TLS=\(onPublic ? "public" : "public or off")")
+            "METRICSD_TLS=\(onPublic ? "both" : "internal") needs the internal listener, and there is none: set METRICSD_INTERNAL_LISTEN (e.g. 127.0.0.1:8090) or enable metricsd-internal.socket, or set METRICSD_TLS=\(onPublic ? "public" : "public or off")"
+        )
     }
 
     /// `METRICSD_TLS` names the internal listener, and there is none: no `METRICSD_INTERNAL_LISTEN`, and no socket
@@ -87,6 +100,7 @@ extension Configuration {
     public static func trustedProxiesWarning(_ proxies: TrustedProxies) -> String? {
         let broad = proxies.tooBroad
         guard !broad.isEmpty else { return nil }
-        return "\(broad.joined(separator: ", ")) \(broad.count == 1 ? "holds" : "hold") much of the internet (wider than /8 for IPv4 or /16 for IPv6): any client there can choose the address the request log shows; list only your proxies' addresses (e.g. 127.0.0.1,::1 for a proxy on this host)"
+        return
+            "\(broad.joined(separator: ", ")) \(broad.count == 1 ? "holds" : "hold") much of the internet (wider than /8 for IPv4 or /16 for IPv6): any client there can choose the address the request log shows; list only your proxies' addresses (e.g. 127.0.0.1,::1 for a proxy on this host)"
     }
 }

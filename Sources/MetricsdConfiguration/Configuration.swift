@@ -1,11 +1,6 @@
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import HealthMetrics
 import Logging
+import MetricsdHTTP
 import MetricsdMasking
 import MetricsdPostgres
 import MetricsdReads
@@ -13,6 +8,12 @@ import MetricsdSystemd
 import MetricsdTracing
 import MetricsdWork
 import NIOCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// Everything `metricsd serve` is configured with, read once at start-up from the environment and systemd
 /// credentials (README, "Configuration"). Invalid values are reported as one clear `ConfigurationError`.
@@ -121,9 +122,12 @@ public struct Configuration: Sendable {
         self.listen = try Self.publicListener(reader)
         self.internalListen = try Self.internalListener(reader)
         self.trustedProxies = try reader.parse(
-            "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(), expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
+            "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(),
+            expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
         ) { TrustedProxies(parsing: $0) }
-        self.trustedProxies.header = try reader.parse("METRICSD_FORWARDED_HEADER", expected: "x-forwarded-for or forwarded") {
+        self.trustedProxies.header = try reader.parse(
+            "METRICSD_FORWARDED_HEADER", expected: "x-forwarded-for or forwarded"
+        ) {
             ForwardedHeader(rawValue: $0.lowercased())
         }
         self.tls = try Self.tlsSettings(reader, environment: environment)
@@ -148,7 +152,9 @@ public struct Configuration: Sendable {
                 throw ConfigurationError(.adminTokenTooShort, "the admin token must be at least 16 characters long")
             }
             guard adminToken.split(separator: ".").count != 3 || !adminToken.hasPrefix("eyJ") else {
-                throw ConfigurationError(.adminTokenIsJWT, "the admin token must not be a JWT: admin and user tokens are never interchangeable")
+                throw ConfigurationError(
+                    .adminTokenIsJWT,
+                    "the admin token must not be a JWT: admin and user tokens are never interchangeable")
             }
             if let secret = self.tokens.hmacSecret, secret == adminToken {
                 throw ConfigurationError(.adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
@@ -157,7 +163,8 @@ public struct Configuration: Sendable {
         self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE")
         // The catalogue's default, or the pool size when the pool is smaller.
         self.readBatches = try reader.integer(
-            "METRICSD_READ_BATCHES", default: min(SettingsCatalog.integerDefault("METRICSD_READ_BATCHES"), self.poolSize),
+            "METRICSD_READ_BATCHES",
+            default: min(SettingsCatalog.integerDefault("METRICSD_READ_BATCHES"), self.poolSize),
             range: 1...self.poolSize)
         self.acquireTimeout = .milliseconds(try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS"))
         self.sessionMaxAge = try reader.duration("METRICSD_DB_SESSION_MAX_AGE")
@@ -194,7 +201,9 @@ public struct Configuration: Sendable {
     private static func poolerSettings(_ reader: EnvironmentReader) throws(ConfigurationError)
         -> (ConnectionSettings.StatementMode, String?)
     {
-        let mode = try reader.parse("METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed") {
+        let mode = try reader.parse(
+            "METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed"
+        ) {
             ConnectionSettings.StatementMode(rawValue: $0.lowercased())
         }
         return (mode, reader["METRICSD_NOTIFY_DATABASE_URL"])
@@ -231,7 +240,8 @@ extension Configuration {
     }
 
     /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
-    public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer] {
+    public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer]
+    {
         guard let url = self.readDatabaseURL else { return [] }
         do {
             var settings = try ConnectionSettings(
@@ -270,7 +280,9 @@ struct EnvironmentReader {
         return value
     }
 
-    func parse<T>(_ name: String, default value: T, expected: String, _ parse: (String) -> T?) throws(ConfigurationError) -> T {
+    func parse<T>(_ name: String, default value: T, expected: String, _ parse: (String) -> T?)
+        throws(ConfigurationError) -> T
+    {
         try self.parseOptional(name, expected: expected, parse) ?? value
     }
 
@@ -317,7 +329,8 @@ struct EnvironmentReader {
         }
     }
 
-    func number(_ name: String, default value: Double, range: ClosedRange<Double>) throws(ConfigurationError) -> Double {
+    func number(_ name: String, default value: Double, range: ClosedRange<Double>) throws(ConfigurationError) -> Double
+    {
         try self.parse(name, default: value, expected: "a number in \(range.lowerBound)...\(range.upperBound)") {
             Double($0).flatMap { $0.isFinite && range.contains($0) ? $0 : nil }
         }

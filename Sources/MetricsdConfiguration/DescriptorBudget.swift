@@ -1,10 +1,11 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import MetricsdHTTP
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The file descriptors `metricsd serve` may hold at once, against its open-file limit (`RLIMIT_NOFILE`).
 ///
@@ -27,7 +28,9 @@ public struct DescriptorBudget: Sendable, Equatable {
     /// sockets, signal descriptors, each event loop's epoll, eventfd and timerfd, a session being replaced while
     /// its successor connects, name lookups. 23 descriptors in all at idle on 2 cores (`ls /proc/PID/fd`, pool
     /// and listener included); the reserve is 64 + 4 per core.
-    public static func reserve(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int { 64 + 4 * max(1, cores) }
+    public static func reserve(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int {
+        64 + 4 * max(1, cores)
+    }
 
     /// The budget of a daemon with `configuration` and `readServers` hosts in `METRICSD_READ_DATABASE_URL`.
     /// - Parameters:
@@ -38,7 +41,9 @@ public struct DescriptorBudget: Sendable, Equatable {
         let internalSockets = sockets.internal > 0 ? sockets.internal : (configuration.internalListen == nil ? 0 : 1)
         self.add("HTTP connections (METRICSD_MAX_CONNECTIONS)", configuration.maxConnections)
         if internalSockets > 0 {
-            self.add("internal listener's connections (METRICSD_INTERNAL_MAX_CONNECTIONS)", configuration.internalMaxConnections)
+            self.add(
+                "internal listener's connections (METRICSD_INTERNAL_MAX_CONNECTIONS)",
+                configuration.internalMaxConnections)
         }
         // A refused connection lingers until its client closes (at most a second), a few at a time per listener.
         self.add("refused connections finishing", ConnectionLimit.lingeringRefusals * (internalSockets > 0 ? 2 : 1))
@@ -46,7 +51,9 @@ public struct DescriptorBudget: Sendable, Equatable {
         self.add("settings listener session", 1)
         if readServers > 0 {
             // Per read server: a pool of METRICSD_READ_BATCHES and the monitor's session; and its session on the primary.
-            self.add("read servers' sessions (METRICSD_READ_DATABASE_URL)", readServers * (configuration.readBatches + 1) + 1)
+            self.add(
+                "read servers' sessions (METRICSD_READ_DATABASE_URL)", readServers * (configuration.readBatches + 1) + 1
+            )
         }
         let listening = publicSockets + internalSockets
         self.add(listening == 1 ? "listening socket" : "listening sockets", listening)
@@ -74,7 +81,8 @@ public struct DescriptorBudget: Sendable, Equatable {
             fitting > 0
             ? "lower METRICSD_MAX_CONNECTIONS to \(fitting) or less, or raise the hard limit (LimitNOFILE= in the unit)"
             : "raise the hard limit (LimitNOFILE= in the unit)"
-        return "METRICSD_MAX_CONNECTIONS=\(self.items.first?.count ?? 0) needs \(self.total) file descriptors (\(parts)), but the open-file limit (RLIMIT_NOFILE) is \(limit): \(advice)"
+        return
+            "METRICSD_MAX_CONNECTIONS=\(self.items.first?.count ?? 0) needs \(self.total) file descriptors (\(parts)), but the open-file limit (RLIMIT_NOFILE) is \(limit): \(advice)"
     }
 
     /// The summary line of `check-config`.

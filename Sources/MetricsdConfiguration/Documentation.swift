@@ -1,10 +1,11 @@
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import HealthMetrics
+import MetricsdHTTP
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// Text produced from ``SettingsCatalog``: the environment part of `metricsd help`, `systemd/metricsd.env.example`
 /// and the environment, files and exit-code sections of the man page.
@@ -29,7 +30,10 @@ public enum Documentation {
 
     /// The files metricsd reads.
     public static let files: [(path: String, meaning: String)] = [
-        ("/etc/metricsd/metricsd.env", "settings (NAME=value): the unit's EnvironmentFile=, read by hand-run commands too"),
+        (
+            "/etc/metricsd/metricsd.env",
+            "settings (NAME=value): the unit's EnvironmentFile=, read by hand-run commands too"
+        ),
         ("/etc/metricsd/metricsd.conf", "reloadable settings, re-read on SIGHUP (METRICSD_CONFIG_FILE)"),
         ("/etc/credstore/metricsd-jwt-secret", "HS256 secret for end-user tokens (credential jwt-secret)"),
         ("/etc/credstore/metricsd-admin-token", "admin bearer token (credential admin-token)"),
@@ -112,7 +116,8 @@ public enum Documentation {
         ]
         for group in Setting.Group.allCases where group != .testing {
             lines.append("")
-            lines.append("# ---- \(group.rawValue) " + String(repeating: "-", count: max(3, 100 - group.rawValue.count)))
+            lines.append(
+                "# ---- \(group.rawValue) " + String(repeating: "-", count: max(3, 100 - group.rawValue.count)))
             for setting in SettingsCatalog.operatorSettings where setting.group == group {
                 lines.append("")
                 var text = setting.meaning
@@ -147,7 +152,8 @@ public enum Documentation {
             roff.append(Self.roff(variable.meaning))
         }
         roff.append(".PP")
-        roff.append("libpq also reads its own variables (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSFILE, PGSSLMODE, ...).")
+        roff.append(
+            "libpq also reads its own variables (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSFILE, PGSSLMODE, ...).")
         roff.append(".SH FILES")
         for file in Self.files {
             roff.append(".TP")

@@ -1,10 +1,11 @@
 import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import MetricsdMasking
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `NAME=value` lines as systemd's `EnvironmentFile=` reads them, so that the file the service gets and the file
 /// the command line reads mean the same thing.
@@ -156,7 +157,9 @@ public enum EnvironmentFile {
     /// Letters, digits and `_`, not starting with a digit (what a shell and systemd accept as a name).
     static func isValidName(_ name: String) -> Bool {
         guard let first = name.unicodeScalars.first, !("0"..."9").contains(first) else { return false }
-        return name.unicodeScalars.allSatisfy { $0.isASCII && ($0 == "_" || $0.properties.isAlphabetic || ("0"..."9").contains($0)) }
+        return name.unicodeScalars.allSatisfy {
+            $0.isASCII && ($0 == "_" || $0.properties.isAlphabetic || ("0"..."9").contains($0))
+        }
     }
 
     /// Reads and parses the file at `path`.

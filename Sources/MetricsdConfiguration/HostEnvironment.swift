@@ -1,10 +1,11 @@
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
+import MetricsdHTTP
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The configuration of `metricsd` run by hand on the host: the same settings file and credentials the service
 /// gets from its unit, so that `sudo metricsd status` or `metricsd healthcheck` need nothing exported.
@@ -34,9 +35,15 @@ public struct HostEnvironment: Sendable {
     }
 
     public static let credentials: [Credential] = [
-        Credential(id: "jwt-secret", storeName: "metricsd-jwt-secret", fileVariable: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET"),
-        Credential(id: "admin-token", storeName: "metricsd-admin-token", fileVariable: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN"),
-        Credential(id: "db-password", storeName: "metricsd-db-password", fileVariable: "METRICSD_DB_PASSWORD_FILE", variable: nil),
+        Credential(
+            id: "jwt-secret", storeName: "metricsd-jwt-secret", fileVariable: "METRICSD_JWT_SECRET_FILE",
+            variable: "METRICSD_JWT_SECRET"),
+        Credential(
+            id: "admin-token", storeName: "metricsd-admin-token", fileVariable: "METRICSD_ADMIN_TOKEN_FILE",
+            variable: "METRICSD_ADMIN_TOKEN"),
+        Credential(
+            id: "db-password", storeName: "metricsd-db-password", fileVariable: "METRICSD_DB_PASSWORD_FILE",
+            variable: nil),
         Credential(
             id: "tls-certificate", storeName: "metricsd-tls-certificate", fileVariable: "METRICSD_TLS_CERTIFICATE_FILE",
             variable: nil, isSecret: false),

@@ -1,10 +1,11 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import MetricsdMasking
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// Secrets that other local users (or every program metricsd starts) can read: one warning each, naming the
 /// variable and saying where the secret belongs. `check-config` prints them and `serve` logs them at start-up;
@@ -50,33 +51,46 @@ public enum SecretExposure {
         var warnings: [Warning] = []
         let credentialsDirectory = environment["CREDENTIALS_DIRECTORY"].flatMap { $0.isEmpty ? nil : $0 }
         for credential in HostEnvironment.credentials where credential.isSecret {
-            let home = "/etc/credstore/\(credential.storeName) (root:root, 0600), which the unit passes as the credential \(credential.id) (LoadCredential=)"
+            let home =
+                "/etc/credstore/\(credential.storeName) (root:root, 0600), which the unit passes as the credential \(credential.id) (LoadCredential=)"
             if let variable = credential.variable, let value = environment[variable], !value.isEmpty {
                 warnings.append(
-                    Warning(setting: variable, text: "the secret \(origin.describe(variable)); put it in \(home), and remove the variable"))
+                    Warning(
+                        setting: variable,
+                        text: "the secret \(origin.describe(variable)); put it in \(home), and remove the variable"))
             }
-            if let directory = credentialsDirectory, FileManager.default.fileExists(atPath: directory + "/" + credential.id) {
+            if let directory = credentialsDirectory,
+                FileManager.default.fileExists(atPath: directory + "/" + credential.id)
+            {
                 continue  // the credential is used; a *_FILE is not read
             }
             if let path = environment[credential.fileVariable], !path.isEmpty, let mode = Self.worldReadableMode(path) {
                 warnings.append(
                     Warning(
                         setting: credential.fileVariable,
-                        text: "\(path) is readable by every local user (mode \(mode)): make it root:root 0600 (chmod 0600), or move the secret to \(home)"))
+                        text:
+                            "\(path) is readable by every local user (mode \(mode)): make it root:root 0600 (chmod 0600), or move the secret to \(home)"
+                    ))
             }
         }
         for setting in Self.connectionStringSettings {
-            guard let url = environment[setting], !url.isEmpty, !ConnectionStringPasswords.find(in: url).isEmpty else { continue }
+            guard let url = environment[setting], !url.isEmpty, !ConnectionStringPasswords.find(in: url).isEmpty else {
+                continue
+            }
             warnings.append(
                 Warning(
                     setting: setting,
-                    text: "holds a password and \(origin.describe(setting)); leave the password out of it and put it in \(Self.passwordHome)"))
+                    text:
+                        "holds a password and \(origin.describe(setting)); leave the password out of it and put it in \(Self.passwordHome)"
+                ))
         }
         if let password = environment["PGPASSWORD"], !password.isEmpty {
             warnings.append(
                 Warning(
                     setting: "PGPASSWORD",
-                    text: "the password \(origin.describe("PGPASSWORD")); put it in \(Self.passwordHome), and remove the variable"))
+                    text:
+                        "the password \(origin.describe("PGPASSWORD")); put it in \(Self.passwordHome), and remove the variable"
+                ))
         }
         return warnings
     }
@@ -99,11 +113,14 @@ public enum SecretExposure {
 
         func describe(_ variable: String) -> String {
             if let file = self.settingsFile, self.settingsFromFile.contains(variable) {
-                let readable = SecretExposure.worldReadableMode(file).map { ", which every local user can read (mode \($0))" } ?? ""
+                let readable =
+                    SecretExposure.worldReadableMode(file).map { ", which every local user can read (mode \($0))" }
+                    ?? ""
                 return "is set in \(file)\(readable)"
             }
             if self.underSystemd {
-                return "is a plain environment variable (systemctl show shows Environment= to every local user, /etc/metricsd/metricsd.env is world-readable, and every child process inherits it)"
+                return
+                    "is a plain environment variable (systemctl show shows Environment= to every local user, /etc/metricsd/metricsd.env is world-readable, and every child process inherits it)"
             }
             return "is a plain environment variable (every program started from this environment inherits it)"
         }

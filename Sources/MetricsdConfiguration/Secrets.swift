@@ -1,9 +1,10 @@
-import MetricsdHTTP
 import Glibc
+import MetricsdHTTP
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// Reads secrets the way systemd deployments expect: `$CREDENTIALS_DIRECTORY/<credential>` first (`LoadCredential=`),
@@ -36,7 +37,8 @@ public enum Secrets {
 
     /// Where ``read(credential:file:variable:environment:)`` reads a credential from, as messages name it:
     /// `credential tls-certificate (PATH)` or `METRICSD_TLS_CERTIFICATE_FILE (PATH)`; nil when from nowhere.
-    public static func source(credential: String, file fileVariable: String?, environment: [String: String]) -> String? {
+    public static func source(credential: String, file fileVariable: String?, environment: [String: String]) -> String?
+    {
         if let directory = environment["CREDENTIALS_DIRECTORY"], !directory.isEmpty {
             if let refreshed = Self.refreshedCopy(credential, environment: environment) {
                 return "credential \(credential) (\(refreshed))"

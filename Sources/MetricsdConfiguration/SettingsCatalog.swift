@@ -1,11 +1,12 @@
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import HealthMetrics
+import MetricsdHTTP
 import MetricsdTracing
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// One setting (an environment variable): the single table from which `Configuration` takes ranges and
 /// defaults, `metricsd help` lists the environment, `metricsd check-config` checks values, and the man page and
@@ -102,35 +103,48 @@ public struct Setting: Sendable {
         switch self.kind {
         case .integer(let range):
             guard let number = Int(value), range.contains(number) else {
-                return invalid("must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(EnvironmentReader.shown(value))"
+                )
             }
         case .number(let range):
             guard let number = Double(value), number.isFinite, range.contains(number) else {
-                return invalid("must be a number from \(Self.format(range.lowerBound)) to \(Self.format(range.upperBound)), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be a number from \(Self.format(range.lowerBound)) to \(Self.format(range.upperBound)), got \(EnvironmentReader.shown(value))"
+                )
             }
         case .address:
             guard let address = ListenAddress(parsing: value), address.unixPath == nil else {
-                return invalid("must be host:port (e.g. 127.0.0.1:8080, [::1]:8080), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be host:port (e.g. 127.0.0.1:8080, [::1]:8080), got \(EnvironmentReader.shown(value))")
             }
         case .listener:
             guard ListenAddress(parsing: value) != nil else {
-                return invalid("must be host:port or unix:/absolute/path (e.g. 127.0.0.1:9464, unix:/run/metricsd/internal.sock), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be host:port or unix:/absolute/path (e.g. 127.0.0.1:9464, unix:/run/metricsd/internal.sock), got \(EnvironmentReader.shown(value))"
+                )
             }
         case .networks:
             guard TrustedProxies(parsing: value) != nil else {
-                return invalid("must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be addresses or networks separated by commas (e.g. 127.0.0.1,::1,10.0.0.0/8), got \(EnvironmentReader.shown(value))"
+                )
             }
         case .dailyTime:
-            guard DailyTime(parsing: value) != nil else { return invalid("must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))") }
+            guard DailyTime(parsing: value) != nil else {
+                return invalid("must be HH:MM (e.g. 00:05), got \(EnvironmentReader.shown(value))")
+            }
         case .choice(let values):
             guard values.contains(value.lowercased()) else {
-                return invalid("must be one of \(values.joined(separator: ", ")), got \(EnvironmentReader.shown(value))")
+                return invalid(
+                    "must be one of \(values.joined(separator: ", ")), got \(EnvironmentReader.shown(value))")
             }
         case .file:
             do {
                 _ = try Secrets.readFile(value, what: "file")
             } catch {
-                return ConfigurationError(error.kind, error.message.hasPrefix("file: ") ? String(error.message.dropFirst(6)) : error.message)
+                return ConfigurationError(
+                    error.kind, error.message.hasPrefix("file: ") ? String(error.message.dropFirst(6)) : error.message)
             }
         case .conninfo, .settingsFile, .directory, .secret, .text:
             break
@@ -158,7 +172,8 @@ public enum SettingsCatalog {
             "METRICSD_READ_MAX_LAG_SECONDS", .database, .number(1...3600), default: "5",
             "A read server whose data is further behind the primary than this many seconds (from its WAL replay position) is not read from until it catches up: a read shows every change committed on the primary more than this long ago. Between 1 and 5 s, it is also how long a read server may take to answer a read (connecting included) before it is left and the read answered by the primary."
         ),
-        Setting("METRICSD_DB_POOL_SIZE", .database, .integer(1...200), default: "8", "Database connections in the pool."),
+        Setting(
+            "METRICSD_DB_POOL_SIZE", .database, .integer(1...200), default: "8", "Database connections in the pool."),
         Setting(
             "METRICSD_READ_BATCHES", .database, .integer(1...200), default: "2",
             "Batched latest-metrics reads running at once (at most METRICSD_DB_POOL_SIZE; the default is 2 or the pool size if smaller)."
@@ -243,9 +258,13 @@ public enum SettingsCatalog {
         Setting(
             "METRICSD_DAILY_AT", .schedule, .dailyTime, default: "00:05", reloadable: true,
             "Local time of the daily run in each user's time zone."),
-        Setting("METRICSD_WORKERS", .schedule, .integer(0...64), default: "2", "Chunks of users this instance computes at once (0: serve only)."),
+        Setting(
+            "METRICSD_WORKERS", .schedule, .integer(0...64), default: "2",
+            "Chunks of users this instance computes at once (0: serve only)."),
         Setting("METRICSD_BATCH_SIZE", .schedule, .integer(1...50_000), default: "1000", "Users per transaction."),
-        Setting("METRICSD_CHUNK_SIZE", .schedule, .integer(1...10_000_000), default: "5000", "Users per claimed chunk of work."),
+        Setting(
+            "METRICSD_CHUNK_SIZE", .schedule, .integer(1...10_000_000), default: "5000",
+            "Users per claimed chunk of work."),
         Setting(
             "METRICSD_LEASE_SECONDS", .schedule, .number(1...3600), default: "60",
             "A claimed chunk not renewed within this many seconds is taken over by another instance."),
@@ -265,7 +284,8 @@ public enum SettingsCatalog {
         ),
 
         Setting(
-            "METRICSD_LOG_LEVEL", .logging, .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"]),
+            "METRICSD_LOG_LEVEL", .logging,
+            .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"]),
             default: "info", reloadable: true, "Lowest level logged."),
         Setting(
             "METRICSD_LOG_FORMAT", .logging, .choice(["text", "json", "journal"]),
@@ -319,7 +339,8 @@ public enum SettingsCatalog {
             "Only http/json is supported (grpc and http/protobuf are refused at start and by check-config)."
         ),
         Setting(
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", .tracing, .choice(["http/json"]), unset: "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", .tracing, .choice(["http/json"]),
+            unset: "OTEL_EXPORTER_OTLP_PROTOCOL",
             "The same for traces alone: only http/json."),
         Setting(
             "OTEL_TRACES_SAMPLER", .tracing, .choice(Sampler.names), default: "parentbased_always_on",
@@ -351,7 +372,10 @@ public enum SettingsCatalog {
 
     /// Variables set by systemd that metricsd reads (documented, never set by hand).
     public static let systemdVariables: [(name: String, meaning: String)] = [
-        ("INVOCATION_ID", "set by systemd: metricsd uses the environment as the unit gives it and reads no settings file itself"),
+        (
+            "INVOCATION_ID",
+            "set by systemd: metricsd uses the environment as the unit gives it and reads no settings file itself"
+        ),
         ("CREDENTIALS_DIRECTORY", "the unit's credentials: jwt-secret, admin-token, db-password"),
         ("NOTIFY_SOCKET", "sd_notify: READY, STATUS, RELOADING, STOPPING, WATCHDOG"),
         ("WATCHDOG_USEC, WATCHDOG_PID", "the watchdog interval (WatchdogSec=)"),
@@ -380,7 +404,9 @@ public enum SettingsCatalog {
     /// `METRICSD_*` variables of metricsd's own scripts and tests, which are no settings (the test database,
     /// PostgreSQL's binaries, the built binary, the fault-injecting test build's faults): prefixes, and whole names.
     /// Never reported as unknown settings.
-    public static let toolingPrefixes = ["METRICSD_TEST_", "METRICSD_PG_", "METRICSD_BINARY", "METRICSD_CONTRACT_", "METRICSD_PACKAGE_"]
+    public static let toolingPrefixes = [
+        "METRICSD_TEST_", "METRICSD_PG_", "METRICSD_BINARY", "METRICSD_CONTRACT_", "METRICSD_PACKAGE_",
+    ]
     public static let toolingNames: Set<String> = ["METRICSD_FAULTS", "METRICSD_LONG_TESTS"]
 
     /// Whether `name` belongs to metricsd's scripts and tests rather than to its settings.

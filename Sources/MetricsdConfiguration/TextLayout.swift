@@ -30,7 +30,8 @@ extension StringProtocol {
 
 /// Levenshtein distance, with an adjacent swap counting as one edit ("stauts" is one edit from "status").
 package func editDistance(_ a: String, _ b: String) -> Int {
-    let a = Array(a), b = Array(b)
+    let a = Array(a)
+    let b = Array(b)
     guard !a.isEmpty, !b.isEmpty else { return max(a.count, b.count) }
     var table = Array(repeating: Array(repeating: 0, count: b.count + 1), count: a.count + 1)
     for i in 0...a.count { table[i][0] = i }

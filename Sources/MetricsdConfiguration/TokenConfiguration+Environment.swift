@@ -20,13 +20,16 @@ extension TokenConfiguration {
         self.publicKeyPEM = try Secrets.read(
             credential: "jwt-public-key", file: "METRICSD_JWT_PUBLIC_KEY_FILE", variable: nil, environment: environment)
         if hs256 == "off" && self.publicKeyPEM == nil {
-            throw ConfigurationError(.noJWTKey, "METRICSD_JWT_HS256=off needs a public key (METRICSD_JWT_PUBLIC_KEY_FILE): no token could be verified")
+            throw ConfigurationError(
+                .noJWTKey,
+                "METRICSD_JWT_HS256=off needs a public key (METRICSD_JWT_PUBLIC_KEY_FILE): no token could be verified")
         }
         self.issuer = reader["METRICSD_JWT_ISSUER"]
         self.audience = reader["METRICSD_JWT_AUDIENCE"]
         self.leewaySeconds = try reader.integer("METRICSD_JWT_LEEWAY_SECONDS")
         if let secret = self.hmacSecret, secret.utf8.count < 32 {
-            throw ConfigurationError(.jwtSecretTooShort, "the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
+            throw ConfigurationError(
+                .jwtSecretTooShort, "the JWT secret must be at least 32 bytes (HS256 needs a 256-bit key)")
         }
         // Checked here, with the rest of the configuration and before logging starts, so that a wrong key file
         // fails start-up (and SIGHUP reloads) with one clear line.

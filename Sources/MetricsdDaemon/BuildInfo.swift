@@ -47,11 +47,10 @@ public enum BuildInfo {
 
     /// `metricsd --version`: version, the Debian package's version when built as the package, formula version,
     /// build.
-    public static let versionText: String = (
-        ["metricsd \(BuildInfo.version)"] + (BuildInfo.packageVersion.map { ["package \($0)"] } ?? []) + [
+    public static let versionText: String =
+        (["metricsd \(BuildInfo.version)"] + (BuildInfo.packageVersion.map { ["package \($0)"] } ?? []) + [
             "formula version \(MetricsFormula.current.version)",
             "commit \(BuildInfo.commit)",
             "built with Swift \(BuildInfo.swiftVersion) for \(BuildInfo.platform)",
-        ]
-    ).joined(separator: "\n")
+        ]).joined(separator: "\n")
 }

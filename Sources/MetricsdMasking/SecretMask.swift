@@ -36,7 +36,9 @@ public struct SecretMask: Sendable, Equatable {
     /// A mask for every password a libpq connection may be given: those written in `conninfo` (see
     /// ``ConnectionStringPasswords``), the password credential, and `PGPASSWORD` from `environment`.
     public init(connectionString conninfo: String, password: String? = nil, environment: [String: String] = [:]) {
-        self.init(secrets: ConnectionStringPasswords.find(in: conninfo) + [password, environment["PGPASSWORD"]].compactMap { $0 })
+        self.init(
+            secrets: ConnectionStringPasswords.find(in: conninfo)
+                + [password, environment["PGPASSWORD"]].compactMap { $0 })
     }
 
     /// Adds a secret, its percent-decoded form and their pieces.
@@ -112,7 +114,8 @@ public struct SecretMask: Sendable, Equatable {
         var index = 0
         while index < bytes.count {
             if bytes[index] == UInt8(ascii: "%") {
-                guard index + 2 < bytes.count, let high = Self.hexValue(bytes[index + 1]), let low = Self.hexValue(bytes[index + 2])
+                guard index + 2 < bytes.count, let high = Self.hexValue(bytes[index + 1]),
+                    let low = Self.hexValue(bytes[index + 2])
                 else { return nil }
                 output.append(high << 4 | low)
                 index += 3

@@ -29,7 +29,8 @@ public enum SecretPatterns {
         var changed = false
         var index = 0
         while index + 3 <= bytes.count {
-            guard bytes[index] == UInt8(ascii: ":"), bytes[index + 1] == UInt8(ascii: "/"), bytes[index + 2] == UInt8(ascii: "/")
+            guard bytes[index] == UInt8(ascii: ":"), bytes[index + 1] == UInt8(ascii: "/"),
+                bytes[index + 2] == UInt8(ascii: "/")
             else {
                 index += 1
                 continue
@@ -122,7 +123,9 @@ public enum SecretPatterns {
         if lower.count >= 4, lower.suffix(4).elementsEqual("file".utf8) { return false }
         return ["password", "passwd", "secret", "token"].contains { word in
             lower.count >= word.utf8.count
-                && (0...(lower.count - word.utf8.count)).contains { lower[$0..<($0 + word.utf8.count)].elementsEqual(word.utf8) }
+                && (0...(lower.count - word.utf8.count)).contains {
+                    lower[$0..<($0 + word.utf8.count)].elementsEqual(word.utf8)
+                }
         }
     }
 
@@ -144,7 +147,8 @@ public enum SecretPatterns {
 
     /// Letters and digits (ASCII).
     public static func isAlphanumeric(_ byte: UInt8) -> Bool {
-        (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z")) || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
+        (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z"))
+            || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
             || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
     }
 

@@ -41,14 +41,16 @@ enum CancelRequests {
         defer { pthread_attr_destroy(&attributes) }
         pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
         var thread = pthread_t()
-        let started = pthread_create(&thread, &attributes, { argument in
-            let cancel = OpaquePointer(argument!)
-            var buffer = [CChar](repeating: 0, count: 256)
-            _ = PQcancel(cancel, &buffer, Int32(buffer.count))
-            PQfreeCancel(cancel)
-            CancelRequests.outstanding.subtract(1, ordering: .relaxed)
-            return nil
-        }, UnsafeMutableRawPointer(cancel))
+        let started = pthread_create(
+            &thread, &attributes,
+            { argument in
+                let cancel = OpaquePointer(argument!)
+                var buffer = [CChar](repeating: 0, count: 256)
+                _ = PQcancel(cancel, &buffer, Int32(buffer.count))
+                PQfreeCancel(cancel)
+                CancelRequests.outstanding.subtract(1, ordering: .relaxed)
+                return nil
+            }, UnsafeMutableRawPointer(cancel))
         if started != 0 {
             Self.outstanding.subtract(1, ordering: .relaxed)
             Self.droppedCount.add(1, ordering: .relaxed)

@@ -87,7 +87,9 @@ public struct ConnectionSettings: Sendable {
         var defaults: [(String, String)] = []
         if environment["PGAPPNAME"] == nil { defaults.append(("application_name", "metricsd")) }
         if environment["PGCONNECT_TIMEOUT"] == nil { defaults.append(("connect_timeout", "5")) }
-        defaults += [("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3")]
+        defaults += [
+            ("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3"),
+        ]
         // Data sent but not acknowledged for 30 s (a peer that vanished mid-statement): the connection is dead.
         defaults.append(("tcp_user_timeout", "30000"))
         self.conninfo = conninfo
@@ -135,7 +137,9 @@ public struct ConnectionSettings: Sendable {
         let attributes = values.last { $0.0 == "target_session_attrs" }?.1
         let standbysOnly = attributes == "standby" || attributes == "prefer-standby"
         func list(_ keyword: String) -> [String] {
-            values.last { $0.0 == keyword }.map { $0.1.split(separator: ",", omittingEmptySubsequences: false).map(String.init) } ?? []
+            values.last { $0.0 == keyword }.map {
+                $0.1.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+            } ?? []
         }
         let (hosts, addresses, ports) = (list("host"), list("hostaddr"), list("port"))
         let count = max(1, hosts.count, addresses.count)
@@ -161,7 +165,8 @@ public struct ConnectionSettings: Sendable {
             var settings = ConnectionSettings(
                 copying: self, conninfo: own.map { "\($0.0)=\(Self.quoted($0.1))" }.joined(separator: " "))
             settings.acceptsReadOnly = true
-            servers.append(ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings, standbysOnly: standbysOnly))
+            servers.append(
+                ReadServer(label: "\(name):\(pick(ports) ?? "5432")", settings: settings, standbysOnly: standbysOnly))
         }
         return servers
     }
@@ -176,7 +181,9 @@ public struct ConnectionSettings: Sendable {
 
     /// The keywords and values `conninfo` sets, as libpq's own parser reads them; a malformed string throws
     /// `.badConnectionString` naming `setting`, masked with `mask`.
-    private static func parse(_ conninfo: String, setting: String, mask: SecretMask) throws(PostgresError) -> [(String, String)] {
+    private static func parse(_ conninfo: String, setting: String, mask: SecretMask) throws(PostgresError) -> [(
+        String, String
+    )] {
         var errorMessage: UnsafeMutablePointer<CChar>?
         guard let options = PQconninfoParse(conninfo, &errorMessage) else {
             let message = errorMessage.map { String(cString: $0) } ?? "out of memory"
@@ -203,7 +210,8 @@ public struct ConnectionSettings: Sendable {
     private static func check(keyword: String, value: String, setting: String, mask: SecretMask) throws(PostgresError) {
         func fail(_ expected: String) -> PostgresError {
             PostgresError(
-                code: .badConnectionString, message: "\(setting) is not valid: \(keyword) '\(value)' is not \(expected)",
+                code: .badConnectionString,
+                message: "\(setting) is not valid: \(keyword) '\(value)' is not \(expected)",
                 mask: mask)
         }
         switch keyword {

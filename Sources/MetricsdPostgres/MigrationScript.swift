@@ -71,7 +71,9 @@ enum MigrationScript {
             defer { self.hasCode = false }
             guard self.hasCode else { return }
             var sql = String(String.UnicodeScalarView(self.text[self.start..<end]))
-            while let first = sql.unicodeScalars.first, first.properties.isWhitespace { sql.unicodeScalars.removeFirst() }
+            while let first = sql.unicodeScalars.first, first.properties.isWhitespace {
+                sql.unicodeScalars.removeFirst()
+            }
             while let last = sql.unicodeScalars.last, last.properties.isWhitespace { sql.unicodeScalars.removeLast() }
             self.found.append(Step(sql: sql, generatesStatements: generates))
         }
@@ -128,7 +130,8 @@ enum MigrationScript {
             var end = self.position + 1
             while end < self.text.count && self.text[end] != "$" {
                 let character = self.text[end]
-                let allowed = end == self.position + 1
+                let allowed =
+                    end == self.position + 1
                     ? Self.isIdentifierStart(character) : Self.isIdentifierCharacter(character)
                 guard allowed else { return nil }
                 end += 1

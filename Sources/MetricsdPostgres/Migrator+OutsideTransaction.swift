@@ -31,11 +31,13 @@ extension Migrator {
         try connection.transaction { connection in
             try Self.lock(on: connection)
             let released = try connection.query(
-                "DELETE FROM metricsd_migration_claims WHERE name = $1 AND holder = $2 RETURNING 1", [migration.name, holder])
+                "DELETE FROM metricsd_migration_claims WHERE name = $1 AND holder = $2 RETURNING 1",
+                [migration.name, holder])
             guard released.rowCount == 1 else {
                 throw MigrationError(
                     .failed,
-                    "migration \(migration.name): another instance took it over (this one's claim was not renewed for \(Self.claimStaleSeconds) s); run metricsd migrate again")
+                    "migration \(migration.name): another instance took it over (this one's claim was not renewed for \(Self.claimStaleSeconds) s); run metricsd migrate again"
+                )
             }
             try Self.record(migration, on: connection)
         }
@@ -49,7 +51,8 @@ extension Migrator {
         guard var settings = self.directSettings else {
             throw MigrationError(
                 .failed,
-                "migration \(migration.name) runs outside a transaction, its statements in one server session, which a transaction-mode pooler does not keep: set METRICSD_NOTIFY_DATABASE_URL to PostgreSQL itself (or a session-mode pool), or run metricsd migrate with DATABASE_URL pointing there")
+                "migration \(migration.name) runs outside a transaction, its statements in one server session, which a transaction-mode pooler does not keep: set METRICSD_NOTIFY_DATABASE_URL to PostgreSQL itself (or a session-mode pool), or run metricsd migrate with DATABASE_URL pointing there"
+            )
         }
         settings.statementDeadlineSeconds = nil
         return try PostgresConnection(settings: settings)
@@ -58,7 +61,9 @@ extension Migrator {
     /// Takes the claim on `migration`, trying every 200 ms while another instance holds a live one: between tries
     /// this session runs no statement, so it holds no snapshot that the other instance's `CREATE INDEX
     /// CONCURRENTLY` would wait for. Returns false when the migration is applied by then.
-    private func claim(_ migration: Migration, holder: String, on connection: PostgresConnection, logger: Logger) throws -> Bool {
+    private func claim(_ migration: Migration, holder: String, on connection: PostgresConnection, logger: Logger) throws
+        -> Bool
+    {
         var waiting = false
         while true {
             let outcome: Bool? = try connection.transaction { connection in
@@ -75,7 +80,8 @@ extension Migrator {
             }
             if let outcome { return outcome }
             if !waiting {
-                logger.info("Waiting for another instance's migration", metadata: ["metricsd.migration": "\(migration.name)"])
+                logger.info(
+                    "Waiting for another instance's migration", metadata: ["metricsd.migration": "\(migration.name)"])
                 waiting = true
             }
             usleep(200_000)
@@ -122,7 +128,8 @@ extension Migrator {
         guard lock == "0" && statement == "0" else {
             throw MigrationError(
                 .failed,
-                "migration \(migration.name) runs outside a transaction and the connection goes through a pooler, where metricsd cannot turn off lock_timeout (\(lock)) and statement_timeout (\(statement)) for its statements: run metricsd migrate with DATABASE_URL pointing at PostgreSQL itself, or ALTER ROLE \(result.string(0, 2) ?? "metricsd") SET lock_timeout = 0 and SET statement_timeout = 0")
+                "migration \(migration.name) runs outside a transaction and the connection goes through a pooler, where metricsd cannot turn off lock_timeout (\(lock)) and statement_timeout (\(statement)) for its statements: run metricsd migrate with DATABASE_URL pointing at PostgreSQL itself, or ALTER ROLE \(result.string(0, 2) ?? "metricsd") SET lock_timeout = 0 and SET statement_timeout = 0"
+            )
         }
     }
 
@@ -142,7 +149,8 @@ extension Migrator {
                     "Applied migration statement",
                     metadata: [
                         "metricsd.migration": "\(migration.name)", "metricsd.statement": "\(summary)",
-                        "metricsd.duration.seconds": "\(((ContinuousClock.now - started) / .milliseconds(1)).rounded() / 1000)",
+                        "metricsd.duration.seconds":
+                            "\(((ContinuousClock.now - started) / .milliseconds(1)).rounded() / 1000)",
                     ])
                 return result
             case .failure(let error):
@@ -161,7 +169,8 @@ extension Migrator {
 
     /// The statement's first line of code (after its comments), cut at 120 characters, for the log.
     static func summary(of statement: String) -> String {
-        let line = statement.split(whereSeparator: \.isNewline)
+        let line =
+            statement.split(whereSeparator: \.isNewline)
             .map { $0.drop(while: \.isWhitespace) }
             .first { !$0.isEmpty && !$0.hasPrefix("--") } ?? ""
         return line.count > 120 ? String(line.prefix(117)) + "..." : String(line)
@@ -186,11 +195,14 @@ final class MigrationClaimRenewer: @unchecked Sendable {  // the thread reads on
         self.holder = holder
         self.everySeconds = everySeconds
         let retained = Unmanaged.passRetained(self).toOpaque()
-        self.started = pthread_create(&self.thread, nil, { argument in
-            let renewer = Unmanaged<MigrationClaimRenewer>.fromOpaque(argument!).takeRetainedValue()
-            renewer.renew()
-            return nil
-        }, retained) == 0
+        self.started =
+            pthread_create(
+                &self.thread, nil,
+                { argument in
+                    let renewer = Unmanaged<MigrationClaimRenewer>.fromOpaque(argument!).takeRetainedValue()
+                    renewer.renew()
+                    return nil
+                }, retained) == 0
         if !self.started { Unmanaged<MigrationClaimRenewer>.fromOpaque(retained).release() }
     }
 

@@ -98,7 +98,9 @@ public struct Migrator: Sendable {
         let applied: [(name: String, checksum: String)]
         if try exists.bool(0, 0) {
             let result = try connection.query("SELECT name, checksum FROM metricsd_migrations ORDER BY name")
-            applied = try (0..<result.rowCount).map { (try result.requiredString($0, 0), try result.requiredString($0, 1)) }
+            applied = try (0..<result.rowCount).map {
+                (try result.requiredString($0, 0), try result.requiredString($0, 1))
+            }
         } else {
             applied = []
         }
@@ -163,7 +165,8 @@ public struct Migrator: Sendable {
         if let first = status.changed.first {
             throw MigrationError(
                 .changed,
-                "migration \(first) was changed after it was applied; restore the original file and add a new migration instead")
+                "migration \(first) was changed after it was applied; restore the original file and add a new migration instead"
+            )
         }
         var applied: [String] = []
         for (index, name) in status.pending.enumerated() {
@@ -208,7 +211,8 @@ public struct Migrator: Sendable {
         {
             throw MigrationError(
                 .changed,
-                "migration \(migration.name) was changed after it was applied; restore the original file and add a new migration instead")
+                "migration \(migration.name) was changed after it was applied; restore the original file and add a new migration instead"
+            )
         }
         return true
     }

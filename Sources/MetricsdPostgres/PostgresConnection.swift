@@ -72,7 +72,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
             self.isBroken = true
             throw PostgresError(
                 code: .connectionFailed,
-                message: "the server is read-only (\(reason)); metricsd needs the primary: list every host with target_session_attrs=read-write")
+                message:
+                    "the server is read-only (\(reason)); metricsd needs the primary: list every host with target_session_attrs=read-write"
+            )
         }
     }
 
@@ -94,7 +96,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
                 PQfinish(handle)
                 throw PostgresError(
                     code: .connectionFailed,
-                    message: "no answer from the database within \(Self.seconds(seconds)) s while connecting", mask: mask)
+                    message: "no answer from the database within \(Self.seconds(seconds)) s while connecting",
+                    mask: mask)
             }
             var poller = pollfd(
                 fd: PQsocket(handle), events: Int16(polling == PGRES_POLLING_READING ? POLLIN : POLLOUT), revents: 0)
@@ -109,7 +112,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     /// server reports at start-up (`in_hot_standby`, PostgreSQL 14 and later; `default_transaction_read_only`),
     /// and asks `pg_is_in_recovery()` only of older servers.
     private func readOnlyReason() throws(PostgresError) -> String? {
-        if let readOnly = PQparameterStatus(self.handle, "default_transaction_read_only"), String(cString: readOnly) == "on" {
+        if let readOnly = PQparameterStatus(self.handle, "default_transaction_read_only"),
+            String(cString: readOnly) == "on"
+        {
             return "default_transaction_read_only is on"
         }
         if let standby = PQparameterStatus(self.handle, "in_hot_standby") {
@@ -130,7 +135,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         guard !self.isBroken, PQstatus(self.handle) == CONNECTION_OK else { return false }
         if self.acceptsReadOnly { return true }
         // Reported by the server whenever it changes (PostgreSQL 14 and later).
-        if let standby = PQparameterStatus(self.handle, "in_hot_standby"), String(cString: standby) == "on" { return false }
+        if let standby = PQparameterStatus(self.handle, "in_hot_standby"), String(cString: standby) == "on" {
+            return false
+        }
         return true
     }
 
@@ -160,7 +167,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     {
         try self.traced(name) { (comment) throws(PostgresError) in
             // A sampled statement's text differs from every other's: sent unnamed, the prepared one stays as it is.
-            guard self.usesNamedStatements, comment == nil else { return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters) }
+            guard self.usesNamedStatements, comment == nil else {
+                return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
+            }
             return try self.named(name, sql, parameters)
         }
     }
@@ -234,7 +243,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
                         self.abandon()
                         throw PostgresError(
                             code: .connectionLost,
-                            message: "no answer from the database within \(Self.seconds(self.statementDeadlineSeconds ?? 0)) s; statement cancelled and connection dropped (a COMMIT waits forever when synchronous_standby_names names a standby that is not connected)",
+                            message:
+                                "no answer from the database within \(Self.seconds(self.statementDeadlineSeconds ?? 0)) s; statement cancelled and connection dropped (a COMMIT waits forever when synchronous_standby_names names a standby that is not connected)",
                             sqlState: "57014")
                     }
                     waitMilliseconds = Int32(min(left * 1000 + 1, 60_000))
@@ -345,13 +355,15 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         if ready > 0 && pollers[0].revents != 0 {
             guard PQconsumeInput(self.handle) == 1 else {
                 self.isBroken = true
-                throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
+                throw PostgresError(
+                    code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
             }
             notifications = self.drainNotifications()
         }
         if PQstatus(self.handle) != CONNECTION_OK {
             self.isBroken = true
-            throw PostgresError(code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
+            throw PostgresError(
+                code: .connectionLost, message: String(cString: PQerrorMessage(self.handle)), mask: self.mask)
         }
         return notifications
     }
@@ -388,7 +400,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
             // again; treat it as lost so the pool drops it and a retry reconnects (libpq picks the primary).
             let lost = PQstatus(self.handle) != CONNECTION_OK || sqlState == "25006"
             if lost { self.isBroken = true }
-            throw PostgresError(code: lost ? .connectionLost : .queryFailed, message: message, sqlState: sqlState, mask: self.mask)
+            throw PostgresError(
+                code: lost ? .connectionLost : .queryFailed, message: message, sqlState: sqlState, mask: self.mask)
         }
     }
 
@@ -398,13 +411,13 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         _ strings: [String], _ body: ([UnsafePointer<CChar>?]) throws(E) -> R
     ) throws(E) -> R {
         let copies = strings.map { strdup($0) }
-        defer { copies.forEach { free($0) } }
+        defer { for copy in copies { free(copy) } }
         return try body(copies.map { $0.map { UnsafePointer($0) } } + [nil])
     }
 
     private static func withOptionalCStrings<R>(_ strings: [String?], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
         let copies = strings.map { $0.map { strdup($0) } ?? nil }
-        defer { copies.forEach { free($0) } }
+        defer { for copy in copies { free(copy) } }
         return body(copies.map { $0.map { UnsafePointer($0) } })
     }
 }
@@ -438,7 +451,9 @@ public final class WaitInterrupter: Sendable {
     public init() throws(PostgresError) {
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else {
-            throw PostgresError(code: .connectionFailed, message: "cannot make a pipe to end waits: \(String(cString: strerror(errno)))")
+            throw PostgresError(
+                code: .connectionFailed, message: "cannot make a pipe to end waits: \(String(cString: strerror(errno)))"
+            )
         }
         for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         _ = fcntl(ends[1], F_SETFL, fcntl(ends[1], F_GETFL) | O_NONBLOCK)

@@ -88,14 +88,18 @@ public struct PostgresError: CodedError, Sendable {
         }
         let known: [(String, String)] = [
             // First: with a multi-host string libpq reports every host, e.g. one refused and one a standby.
-            ("is read-only", "no read-write server reachable"), ("read-only transaction", "no read-write server reachable"),
-            ("hot standby", "no read-write server reachable"), ("no answer from the database within", "database not answering"),
+            ("is read-only", "no read-write server reachable"),
+            ("read-only transaction", "no read-write server reachable"),
+            ("hot standby", "no read-write server reachable"),
+            ("no answer from the database within", "database not answering"),
             ("Connection refused", "connection refused"), ("timeout expired", "connection timed out"),
             ("authentication failed", "authentication failed"), ("too many clients", "too many connections"),
             ("remaining connection slots", "too many connections"), ("is starting up", "database starting up"),
             ("is shutting down", "database shutting down"), ("administrator command", "connection terminated"),
-            ("does not exist", "database or role does not exist"), ("could not translate host name", "host name not found"),
-            ("No such file or directory", "no server at the socket"), ("server closed the connection", "connection lost"),
+            ("does not exist", "database or role does not exist"),
+            ("could not translate host name", "host name not found"),
+            ("No such file or directory", "no server at the socket"),
+            ("server closed the connection", "connection lost"),
             ("SSL", "SSL error"),
         ]
         for (needle, summary) in known where self.message.contains(needle) { return summary }
@@ -138,6 +142,7 @@ extension String {
         while end > start, scalars[scalars.index(before: end)].properties.isWhitespace {
             end = scalars.index(before: end)
         }
-        return String(String.UnicodeScalarView(scalars[start..<end]).map { $0 == "\n" || $0 == "\r" ? " " : Character($0) })
+        return String(
+            String.UnicodeScalarView(scalars[start..<end]).map { $0 == "\n" || $0 == "\r" ? " " : Character($0) })
     }
 }

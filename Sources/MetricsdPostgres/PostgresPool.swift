@@ -144,9 +144,11 @@ public final class PostgresPool: Sendable {
             return (UnsafeTransfer(idle), waiters)
         }
         for waiter in waiters {
-            waiter.continuation.resume(throwing: PostgresError(code: .poolClosed, message: "the database pool is closed"))
+            waiter.continuation.resume(
+                throwing: PostgresError(code: .poolClosed, message: "the database pool is closed"))
         }
-        _ = try? await self.threadPool.runIfActive { _ = idle.value.count }  // drop the last references on a pool thread
+        // Drop the last references on a pool thread.
+        _ = try? await self.threadPool.runIfActive { _ = idle.value.count }
         try? await self.threadPool.shutdownGracefully()
     }
 
@@ -199,7 +201,8 @@ public final class PostgresPool: Sendable {
                     return
                 }
                 withExtendedLifetime(transfer.value.0) {
-                    self.work(reusing: transfer.value.1, trace: transfer.value.2, deadline: deadline, attempt: attempt, body)
+                    self.work(
+                        reusing: transfer.value.1, trace: transfer.value.2, deadline: deadline, attempt: attempt, body)
                 }
             }
         }
@@ -242,7 +245,8 @@ public final class PostgresPool: Sendable {
     /// The slot's connection when it serves as it is: not `fresh`, not past its maximum age; nil: open a new one.
     private func reusable(_ slot: Slot, fresh: Bool) -> PostgresConnection? {
         guard case .connection(let existing) = slot, !fresh else { return nil }
-        guard let maxSessionAge = self.configuration.maxSessionAge, existing.openedAt.duration(to: .now) >= maxSessionAge
+        guard let maxSessionAge = self.configuration.maxSessionAge,
+            existing.openedAt.duration(to: .now) >= maxSessionAge
         else { return existing }
         // Closed when its last reference goes, after the new session is open.
         self.logger.debug(
@@ -347,7 +351,8 @@ public final class PostgresPool: Sendable {
     /// Two decimals, without trailing zeros.
     static func rounded(_ value: Double) -> String {
         let hundredths = (value * 100).rounded()
-        return hundredths.truncatingRemainder(dividingBy: 100) == 0 ? String(Int(hundredths / 100)) : String(hundredths / 100)
+        return hundredths.truncatingRemainder(dividingBy: 100) == 0
+            ? String(Int(hundredths / 100)) : String(hundredths / 100)
     }
 
     /// A free connection or slot; waits at most the pool's `acquireTimeout`, and not past `deadline`.

@@ -1,7 +1,7 @@
+import HealthMetrics
 import MetricsdPostgres
 import MetricsdTracing
 import MetricsdWork
-import HealthMetrics
 import ServiceLifecycle
 import Synchronization
 import Tracing
@@ -40,7 +40,8 @@ package final class LatestMetricsBatcher: Service, Sendable {
     /// A read waiting: whose, how to answer it, when it was asked (its bound runs from then), and its request's
     /// span context and wait span when traced.
     private typealias Waiter = (
-        userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant, trace: (request: ServiceContext, wait: MetricsdSpan)?
+        userID: Int64, resumption: Resumption, asked: ContinuousClock.Instant,
+        trace: (request: ServiceContext, wait: MetricsdSpan)?
     )
 
     private struct State {
@@ -182,7 +183,8 @@ package final class LatestMetricsBatcher: Service, Sendable {
     /// (nil: no deadline). No read waits longer, however long it queued for a runner or a connection: a database
     /// that does not answer costs each read its bound, not the sum of the waits before it.
     private func deadline(of waiters: [Waiter]) -> ContinuousClock.Instant? {
-        guard let bound = self.pool.settings.statementDeadlineSeconds, let first = waiters.min(by: { $0.asked < $1.asked })
+        guard let bound = self.pool.settings.statementDeadlineSeconds,
+            let first = waiters.min(by: { $0.asked < $1.asked })
         else { return nil }
         return first.asked + .nanoseconds(Int64(bound * 1e9))
     }
@@ -221,7 +223,8 @@ package final class LatestMetricsBatcher: Service, Sendable {
         let maxBatch = self.maxBatch
         let configured = self.pool.settings.statementDeadlineSeconds
         do {
-            try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.deadline(of: first)) { connection in
+            try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.deadline(of: first)) {
+                connection in
                 for _ in 0..<Self.batchesPerConnection {
                     let waiters = current.batch.withLock { $0 }
                     if waiters.isEmpty { return }

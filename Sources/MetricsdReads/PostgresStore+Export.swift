@@ -1,6 +1,6 @@
+import HealthMetrics
 import MetricsdPostgres
 import MetricsdWork
-import HealthMetrics
 
 extension SQL {
     // MARK: Export
@@ -37,12 +37,15 @@ extension SQL {
 
 extension PostgresStore: MetricsExportStore {
     public func exportProfile(userID: Int64) async throws -> ExportProfile? {
-        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             let result = try connection.prepared("export_profile", SQL.exportProfile, [String(userID)])
             guard result.rowCount == 1 else { return nil }
             let acknowledgement = try result.optionalInt(0, 10).map { version in
-                (version: Int(version), computedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 11)),
-                 acknowledgedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 12)))
+                (
+                    version: Int(version), computedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 11)),
+                    acknowledgedAt: Timestamp(millisecondsSinceEpoch: try result.int(0, 12))
+                )
             }
             return ExportProfile(
                 userID: userID, timezone: try result.requiredString(0, 0), hasSettings: try result.bool(0, 1),
@@ -54,8 +57,11 @@ extension PostgresStore: MetricsExportStore {
         }
     }
 
-    public func exportRows(userID: Int64, after: (version: Int, date: LocalDate)?, limit: Int) async throws -> [HistoryEntry] {
-        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+    public func exportRows(userID: Int64, after: (version: Int, date: LocalDate)?, limit: Int) async throws
+        -> [HistoryEntry]
+    {
+        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             let result = try connection.prepared(
                 "export_rows", SQL.exportRows,
                 [String(userID), String(after?.version ?? 0), after?.date.description ?? "0001-01-01", String(limit)])

@@ -1,6 +1,6 @@
+import HealthMetrics
 import MetricsdPostgres
 import MetricsdWork
-import HealthMetrics
 
 extension SQL {
     // MARK: History
@@ -42,13 +42,15 @@ extension SQL {
 
 extension PostgresStore: MetricsHistoryStore {
     public func history(userID: Int64, query: HistoryQuery) async throws -> HistoryOutcome {
-        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             let user = try connection.prepared("history_user", SQL.historyUser, [String(userID)])
             guard user.rowCount == 1 else { return .unknownUser }
             if let reasons = user.string(0, 1) { return .invalidSettings(reasons) }
             let todayText = try user.requiredString(0, 0)
             guard let today = LocalDate(iso: todayText) else {
-                throw PostgresError(code: .unexpectedResult, message: "local date \(todayText) of user \(userID) is not a date")
+                throw PostgresError(
+                    code: .unexpectedResult, message: "local date \(todayText) of user \(userID) is not a date")
             }
             let to = query.to ?? today
             guard let from = query.from ?? to.adding(days: 1 - HistoryQuery.defaultSpanDays) else {
@@ -83,7 +85,8 @@ extension PostgresStore: MetricsHistoryStore {
         let bmiText = try result.requiredString(row, 1)
         guard let date = LocalDate(iso: dateText), let bmi = FixedPoint(parsing: bmiText, scale: 1) else {
             throw PostgresError(
-                code: .unexpectedResult, message: "history row \(dateText) of user \(userID) has an unreadable date or bmi")
+                code: .unexpectedResult,
+                message: "history row \(dateText) of user \(userID) has an unreadable date or bmi")
         }
         return HistoryEntry(
             date: date,

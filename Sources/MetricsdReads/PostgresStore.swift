@@ -1,7 +1,7 @@
-import MetricsdPostgres
-import MetricsdWork
 import HealthMetrics
 import Logging
+import MetricsdPostgres
+import MetricsdWork
 
 /// The HTTP API's store over libpq: the latest-metrics read path, on-demand computation and acknowledgements.
 public final class PostgresStore: MetricsStore {
@@ -41,7 +41,8 @@ public final class PostgresStore: MetricsStore {
 
     public func computeNow(userID: Int64) async throws -> ComputeNowOutcome {
         let formula = self.formula
-        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             let rows = try UserRow.decode(
                 connection.prepared("read_users_by_id", SQL.readUsersByID, [nil, nil, "{\(userID)}"]))
             guard let row = rows.first else { return .unknownUser }
@@ -49,7 +50,8 @@ public final class PostgresStore: MetricsStore {
             try BatchWriter.write(batch, conflict: .refreshIfStale, source: "request", formula: formula, on: connection)
             if let reasons = batch.skipReasons[userID] { return .skipped(reasons) }
             guard let latest = try Self.readLatest(userID: userID, on: connection) else {
-                throw PostgresError(code: .unexpectedResult, message: "metrics of user \(userID) vanished after being stored")
+                throw PostgresError(
+                    code: .unexpectedResult, message: "metrics of user \(userID) vanished after being stored")
             }
             return .computed(latest)
         }
@@ -57,14 +59,17 @@ public final class PostgresStore: MetricsStore {
 
     public func acknowledge(userID: Int64, version: Int, computedAt: Timestamp) async throws -> AcknowledgeOutcome {
         let formula = self.formula
-        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        return try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             // Two concurrent first acknowledgements: the loser's statement can neither insert nor see the
             // winner's row in its snapshot; a second run sees it.
             for _ in 0..<2 {
                 let result = try connection.prepared(
                     "acknowledge", SQL.acknowledge,
                     [String(userID), String(version), String(computedAt.millisecondsSinceEpoch)])
-                guard try result.bool(0, 0) else { return .noMetrics(try Self.whyNoMetrics(userID: userID, formula: formula, on: connection)) }
+                guard try result.bool(0, 0) else {
+                    return .noMetrics(try Self.whyNoMetrics(userID: userID, formula: formula, on: connection))
+                }
                 guard try result.bool(0, 1) else { return .notCurrent }
                 if let at = try result.optionalInt(0, 2) {
                     return .acknowledged(at: Timestamp(millisecondsSinceEpoch: at), version: version)
@@ -94,14 +99,16 @@ public final class PostgresStore: MetricsStore {
         let migrator = self.migrator
         let deadline = ContinuousClock.now + .nanoseconds(Int64(Self.readinessWriteSeconds * 1e9))
         do {
-            let pending = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: deadline) { connection in
+            let pending = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: deadline) {
+                connection in
                 // Ready means writes complete: one transaction that writes WAL (a transactional logical-decoding
                 // message, no table touched) must commit within a few seconds. It would not on a read-only server
                 // (refused on connect anyway), nor when every COMMIT waits for a synchronous standby that is not
                 // there (a promoted standby that kept synchronous_standby_names): then 503 "database not
                 // answering" instead of a false 200. (`txid_current()` alone writes no WAL and never waits.)
                 let deadline = connection.statementDeadlineSeconds
-                connection.statementDeadlineSeconds = min(deadline ?? Self.readinessWriteSeconds, Self.readinessWriteSeconds)
+                connection.statementDeadlineSeconds = min(
+                    deadline ?? Self.readinessWriteSeconds, Self.readinessWriteSeconds)
                 defer { connection.statementDeadlineSeconds = deadline }
                 try connection.query("SELECT pg_logical_emit_message(true, 'metricsd', 'readyz')")
                 return try migrator.pending(on: connection)
@@ -123,7 +130,8 @@ public final class PostgresStore: MetricsStore {
             return "applied migrations were changed since: \(status.changed.joined(separator: ", "))"
         }
         if !status.pending.isEmpty {
-            return "schema is behind: \(status.pending.count) pending migration(s) (\(status.pending.joined(separator: ", "))); run `metricsd migrate` or start with --migrate"
+            return
+                "schema is behind: \(status.pending.count) pending migration(s) (\(status.pending.joined(separator: ", "))); run `metricsd migrate` or start with --migrate"
         }
         return "schema is current"
     }

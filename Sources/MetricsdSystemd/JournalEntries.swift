@@ -1,7 +1,6 @@
+internal import CSystemd
 import Glibc
 import Logging
-
-internal import CSystemd
 
 /// Sends each record to the systemd journal with `sd_journal_sendv(3)`, as the fields ``JournalFields`` makes.
 ///

@@ -21,7 +21,9 @@ public enum LogRedaction {
     public static let redactedJWT = "[redacted-jwt]"
 
     /// Parts of a metadata key that make its value secret.
-    public static let sensitiveKeyParts = ["token", "secret", "password", "authorization", "credential", "jwt", "cookie"]
+    public static let sensitiveKeyParts = [
+        "token", "secret", "password", "authorization", "credential", "jwt", "cookie",
+    ]
 
     /// Last parts of a dotted key that describe a secret without holding it (`metricsd.jwt.algorithms`,
     /// `metricsd.admin_token.source`): such a key is sensitive only when its last part itself names a secret.
@@ -30,7 +32,9 @@ public enum LogRedaction {
     ]
 
     /// A record's message and metadata with secrets removed.
-    public static func redact(message: String, metadata: Logger.Metadata) -> (message: String, metadata: Logger.Metadata) {
+    public static func redact(message: String, metadata: Logger.Metadata) -> (
+        message: String, metadata: Logger.Metadata
+    ) {
         (self.scrub(message), self.redact(metadata))
     }
 
@@ -118,7 +122,8 @@ public enum LogRedaction {
     /// A cheap pre-check: a JWT contains `eyJ`, a bearer credential the letters of "bearer".
     private static func mayContainSecret(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         for index in bytes.indices where bytes[index] | 0x20 == UInt8(ascii: "b") || bytes[index] == UInt8(ascii: "e") {
-            if Self.matches(bytes, at: index, "bearer", caseInsensitive: true) || Self.matches(bytes, at: index, "eyJ") {
+            if Self.matches(bytes, at: index, "bearer", caseInsensitive: true) || Self.matches(bytes, at: index, "eyJ")
+            {
                 return true
             }
         }
@@ -187,7 +192,8 @@ public enum LogRedaction {
     }
 
     private static func isAlphanumeric(_ byte: UInt8) -> Bool {
-        (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z")) || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
+        (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z"))
+            || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
             || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
     }
 

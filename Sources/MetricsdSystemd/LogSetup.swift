@@ -29,7 +29,8 @@ public enum LogSetup {
         switch self.resolvedFormat(format, environment: environment) {
         case .text: TextLogHandler(label: label, level: level, sink: TextLines(), metadataProvider: metadataProvider)
         case .json: JSONLogHandler(label: label, level: level, sink: JSONLines(), metadataProvider: metadataProvider)
-        case .journal: JournalLogHandler(label: label, level: level, sink: JournalEntries(), metadataProvider: metadataProvider)
+        case .journal:
+            JournalLogHandler(label: label, level: level, sink: JournalEntries(), metadataProvider: metadataProvider)
         }
     }
 

@@ -1,6 +1,5 @@
-import Glibc
-
 internal import CSystemd
+import Glibc
 
 /// The listening sockets systemd passes to the service (socket activation: `metricsd.socket`, and
 /// `metricsd-internal.socket` when enabled), told apart by their `FileDescriptorName=`.
@@ -37,7 +36,10 @@ public struct SocketActivation: Sendable, Equatable {
         var names: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
         let count = sd_listen_fds_with_names(1, &names)
         guard count > 0 else {
-            if count < 0 { throw SocketActivationError("cannot read the sockets systemd passed: \(String(cString: strerror(-count)))") }
+            if count < 0 {
+                throw SocketActivationError(
+                    "cannot read the sockets systemd passed: \(String(cString: strerror(-count)))")
+            }
             return SocketActivation()
         }
         var passed: [(descriptor: Int32, name: String)] = []
@@ -47,7 +49,9 @@ public struct SocketActivation: Sendable, Equatable {
             free(names?[index])
         }
         free(names)
-        return try Self.classify(passed) { descriptor in sd_is_socket(descriptor, AF_UNSPEC, Int32(SOCK_STREAM.rawValue), 1) > 0 }
+        return try Self.classify(passed) { descriptor in
+            sd_is_socket(descriptor, AF_UNSPEC, Int32(SOCK_STREAM.rawValue), 1) > 0
+        }
     }
 
     /// Sorts passed descriptors into the public and internal listener; `isListeningStream` checks one.
@@ -57,7 +61,8 @@ public struct SocketActivation: Sendable, Equatable {
         var activation = SocketActivation()
         for (descriptor, name) in passed {
             guard isListeningStream(descriptor) else {
-                throw SocketActivationError("the socket \(name) from systemd is not a listening stream socket: use ListenStream=")
+                throw SocketActivationError(
+                    "the socket \(name) from systemd is not a listening stream socket: use ListenStream=")
             }
             if name == Self.internalName {
                 activation.internalSockets.append(descriptor)
@@ -65,7 +70,8 @@ public struct SocketActivation: Sendable, Equatable {
                 activation.publicSockets.append(descriptor)
             } else {
                 throw SocketActivationError(
-                    "systemd passed a socket named \(name): name it FileDescriptorName=public or FileDescriptorName=internal")
+                    "systemd passed a socket named \(name): name it FileDescriptorName=public or FileDescriptorName=internal"
+                )
             }
         }
         return activation

@@ -1,8 +1,7 @@
+internal import CSystemd
 import Glibc
 import Logging
 import Synchronization
-
-internal import CSystemd
 
 /// Sends state changes to the service manager through `sd_notify(3)`.
 ///

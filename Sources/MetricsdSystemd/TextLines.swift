@@ -16,7 +16,8 @@ public struct TextLines: LogSink {
 
     /// The line for `record`, without the trailing newline.
     public static func format(_ record: LogRecord) -> String {
-        var line = "\(record.timestamp) \(record.level.rawValue) \(record.label): \(Self.escapeControls(record.message))"
+        var line =
+            "\(record.timestamp) \(record.level.rawValue) \(record.label): \(Self.escapeControls(record.message))"
         for field in record.metadata {
             line += " \(field.key)=\(Self.quoteIfNeeded(field.value))"
         }

@@ -43,7 +43,8 @@ public final class MetricsdTracer: Tracer, Sendable {
         guard self.sampler.samples(traceID: Self.bytes(traceID), parentSampled: parentTrace.map { _ in true }) else {
             return nil
         }
-        return self.span(name, parent: parent, traceID: traceID, sampled: true, kind: kind, links: links, start: start())
+        return self.span(
+            name, parent: parent, traceID: traceID, sampled: true, kind: kind, links: links, start: start())
     }
 
     /// A new span, child of the span whose context `parent` holds (a root span when it holds none); not recorded
@@ -56,11 +57,13 @@ public final class MetricsdTracer: Tracer, Sendable {
         let traceID = parentTrace?.traceID ?? TraceID.random(using: &ids)
         let sampled = self.sampler.samples(
             traceID: Self.bytes(traceID), parentSampled: parentTrace.map { $0.flags.contains(.sampled) })
-        return self.span(name, parent: parent, traceID: traceID, sampled: sampled, kind: kind, links: links, start: start)
+        return self.span(
+            name, parent: parent, traceID: traceID, sampled: sampled, kind: kind, links: links, start: start)
     }
 
     private func span(
-        _ name: String, parent: ServiceContext, traceID: TraceID, sampled: Bool, kind: SpanKind, links: [ServiceContext],
+        _ name: String, parent: ServiceContext, traceID: TraceID, sampled: Bool, kind: SpanKind,
+        links: [ServiceContext],
         start: UInt64
     ) -> MetricsdSpan {
         let parentTrace = parent[TraceContextKey.self]
@@ -86,7 +89,8 @@ public final class MetricsdTracer: Tracer, Sendable {
     ) where Extract.Carrier == Carrier {
         guard let parent = extractor.extract(key: "traceparent", from: carrier),
             let trace = try? TraceContext(
-                traceParentHeaderValue: parent, traceStateHeaderValue: extractor.extract(key: "tracestate", from: carrier))
+                traceParentHeaderValue: parent,
+                traceStateHeaderValue: extractor.extract(key: "tracestate", from: carrier))
         else { return }
         context[TraceContextKey.self] = trace
     }
@@ -133,7 +137,8 @@ public final class MetricsdSpan: Span, Sendable {
     }
 
     init(
-        name: String, kind: SpanKind, context: ServiceContext, parentSpanID: SpanID?, links: [TraceContext], start: UInt64,
+        name: String, kind: SpanKind, context: ServiceContext, parentSpanID: SpanID?, links: [TraceContext],
+        start: UInt64,
         queue: SpanQueue?
     ) {
         self.context = context
@@ -198,7 +203,8 @@ public final class MetricsdSpan: Span, Sendable {
             guard !state.ended else { return nil }
             state.ended = true
             return FinishedSpan(
-                trace: self.trace, parentSpanID: self.parentSpanID, name: state.name, kind: self.kind, start: self.start,
+                trace: self.trace, parentSpanID: self.parentSpanID, name: state.name, kind: self.kind,
+                start: self.start,
                 end: end, attributes: FinishedSpan.values(state.attributes), links: state.links, status: state.status)
         }
         if let finished { queue.add(finished) }
@@ -226,6 +232,8 @@ struct FinishedSpan: Sendable {
 
     static func values(_ attributes: SpanAttributes) -> [(String, Value)] {
         var values: [(String, Value)] = []
+        // SpanAttributes is no Sequence: `forEach` is its only way through.
+        // swift-format-ignore: ReplaceForEachWithForLoop
         attributes.forEach { key, attribute in
             switch attribute {
             case .int32(let value): values.append((key, .int(Int64(value))))

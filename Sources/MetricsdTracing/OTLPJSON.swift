@@ -21,7 +21,8 @@ enum OTLPJSON {
     }
 
     private static func span(_ span: FinishedSpan, into out: inout String) {
-        out += #"{"traceId":""# + span.trace.traceID.description + #"","spanId":""# + span.trace.spanID.description + "\""
+        out +=
+            #"{"traceId":""# + span.trace.traceID.description + #"","spanId":""# + span.trace.spanID.description + "\""
         if let parent = span.parentSpanID { out += #","parentSpanId":""# + parent.description + "\"" }
         if let state = span.trace.traceStateHeaderValue, !state.isEmpty {
             out += #","traceState":"#

@@ -134,7 +134,10 @@ public final class SpanExporter: Service, Sendable {
                 }
             }
         var headers = HTTPHeaders()
-        headers.add(name: "Host", value: endpoint.host.contains(":") ? "[\(endpoint.host)]:\(endpoint.port)" : "\(endpoint.host):\(endpoint.port)")
+        headers.add(
+            name: "Host",
+            value: endpoint.host.contains(":")
+                ? "[\(endpoint.host)]:\(endpoint.port)" : "\(endpoint.host):\(endpoint.port)")
         headers.add(name: "Content-Type", value: "application/json")
         headers.add(name: "Content-Length", value: String(body.readableBytes))
         headers.add(name: "Connection", value: "close")

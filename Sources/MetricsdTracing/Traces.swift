@@ -50,7 +50,9 @@ public enum Traces {
     /// The current task's span context, when tracing is on and there is one (what a callback or a pool thread
     /// carries to continue the trace).
     public static var currentContext: ServiceContext? {
-        guard self.isEnabled, let context = ServiceContext.current, context[TraceContextKey.self] != nil else { return nil }
+        guard self.isEnabled, let context = ServiceContext.current, context[TraceContextKey.self] != nil else {
+            return nil
+        }
         return context
     }
 

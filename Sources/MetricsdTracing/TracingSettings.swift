@@ -24,7 +24,9 @@ public struct TracingSettings: Sendable, Equatable {
             let rest = url.dropFirst("http://".count)
             let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
             let path = rest.dropFirst(authority.count)
-            guard !authority.isEmpty, !authority.contains("@"), !path.contains("?"), !path.contains("#") else { return nil }
+            guard !authority.isEmpty, !authority.contains("@"), !path.contains("?"), !path.contains("#") else {
+                return nil
+            }
             var host = Substring(authority)
             var port = 80
             if authority.hasPrefix("[") {

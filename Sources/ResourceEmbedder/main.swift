@@ -37,7 +37,8 @@ do {
     switch mode {
     case "migrations":
         let files = inputs.sorted { ($0 as NSString).lastPathComponent < ($1 as NSString).lastPathComponent }
-        source += "extension Migration {\n    /// Every migration of this build, in order.\n    public static let all: [Migration] = [\n"
+        source +=
+            "extension Migration {\n    /// Every migration of this build, in order.\n    public static let all: [Migration] = [\n"
         for file in files {
             let name = (file as NSString).lastPathComponent
             source += "        Migration(name: \"\(name)\", sql: \(literal(try contents(file)))),\n"

@@ -24,9 +24,13 @@ import Testing
             try await cluster.start()
             try await Fault.migrate(cluster.url)
             let database = FaultDatabase(url: cluster.url, applicationName: "bulk-delete-test")
-            try await database.execute(Fault.seedSQL(count: Self.users, zones: Self.zones, invalidEvery: nil) + Self.history)
+            try await database.execute(
+                Fault.seedSQL(count: Self.users, zones: Self.zones, invalidEvery: nil) + Self.history)
             let dailyAt = try await Fault.dailyTime(database)
-            let extra = ["METRICSD_CHUNK_SIZE": "1000", "METRICSD_BATCH_SIZE": "100", "METRICSD_WORKERS": "2", "METRICSD_TICK_SECONDS": "0.3"]
+            let extra = [
+                "METRICSD_CHUNK_SIZE": "1000", "METRICSD_BATCH_SIZE": "100", "METRICSD_WORKERS": "2",
+                "METRICSD_TICK_SECONDS": "0.3",
+            ]
             let a = try Fault.start(cluster.url, dailyAt: dailyAt, name: "metricsd", extra: extra)
             var delayed = extra
             delayed["METRICSD_FAULTS"] = "batch-delay-ms=20"
@@ -48,10 +52,12 @@ import Testing
                     failures.append("round \(round), making the day due again: \(error)")
                 }
                 let underWay = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(20)) {
-                    try await database.int("SELECT count(*) FROM work_chunks WHERE kind = 'daily' AND cursor_user_id > range_start") > 0
+                    try await database.int(
+                        "SELECT count(*) FROM work_chunks WHERE kind = 'daily' AND cursor_user_id > range_start") > 0
                 }
                 #expect(underWay != nil, "round \(round): no unit under way")
-                let statement = [Self.deleteUsers, Self.deleteNewestRows, Self.deleteVersion(half: round % 2)][round % 3]
+                let statement = [Self.deleteUsers, Self.deleteNewestRows, Self.deleteVersion(half: round % 2)][
+                    round % 3]
                 do {
                     removed += try await database.int(statement)
                 } catch {
@@ -66,17 +72,21 @@ import Testing
             #expect(await a.waitForExit() == 0, "\(a.log.suffix(2000))")
             #expect(await b.waitForExit() == 0, "\(b.log.suffix(2000))")
 
-            let serverLog = (try? String(contentsOfFile: cluster.directory + "/log/postgresql.log", encoding: .utf8)) ?? ""
+            let serverLog =
+                (try? String(contentsOfFile: cluster.directory + "/log/postgresql.log", encoding: .utf8)) ?? ""
             let deadlocks = serverLog.components(separatedBy: "deadlock detected").count - 1
-            print("bulk-delete: 10 rounds, \(removed) rows and users removed, \(answered) reads, \(changed) settings changes, "
-                + "deadlocks: server \(deadlocks), daemons \(Self.deadlocks(in: a.log)) and \(Self.deadlocks(in: b.log))")
+            print(
+                "bulk-delete: 10 rounds, \(removed) rows and users removed, \(answered) reads, \(changed) settings changes, "
+                    + "deadlocks: server \(deadlocks), daemons \(Self.deadlocks(in: a.log)) and \(Self.deadlocks(in: b.log))"
+            )
             #expect(failures.isEmpty, "\(failures)")
             #expect(deadlocks == 0, "\(Self.deadlockReports(serverLog))")
             #expect(Self.deadlocks(in: a.log) + Self.deadlocks(in: b.log) == 0)
             #expect(removed >= 3 * 2500, "every user's newest row was deleted in three rounds")
             #expect(answered >= 100 && changed >= 100, "the load ran: \(answered) reads, \(changed) settings changes")
             let kept = try await database.value(
-                "SELECT string_agg(concat_ws('|', user_id, metrics_id, computed_at), ';' ORDER BY user_id) FROM profile_metrics_latest")
+                "SELECT string_agg(concat_ws('|', user_id, metrics_id, computed_at), ';' ORDER BY user_id) FROM profile_metrics_latest"
+            )
             let newest = try await database.value(
                 """
                 SELECT string_agg(concat_ws('|', user_id, id, computed_at), ';' ORDER BY user_id)
@@ -140,7 +150,10 @@ import Testing
         return lines.indices.filter { lines[$0].contains("deadlock detected") }.map { start in
             let pid = lines[start].split(separator: "[").dropFirst().first?.split(separator: "]").first ?? ""
             return lines[start..<min(lines.count, start + 200)]
-                .filter { $0.contains("\tProcess ") || ($0.contains("[\(pid)]") && ($0.contains("CONTEXT") || $0.contains("deadlock"))) }
+                .filter {
+                    $0.contains("\tProcess ")
+                        || ($0.contains("[\(pid)]") && ($0.contains("CONTEXT") || $0.contains("deadlock")))
+                }
                 .prefix(8).joined(separator: "\n")
         }.joined(separator: "\n---\n")
     }
@@ -170,7 +183,8 @@ import Testing
         while !load.stopped {
             let users = (0...random.next(upTo: 3)).map { _ in String(random.next(upTo: Self.users) + 1) }
             if (try? await database.execute(
-                "UPDATE user_settings SET current_weight = 45 + (current_weight + 0.25) % 80 WHERE user_id IN (\(users.joined(separator: ",")))"))
+                "UPDATE user_settings SET current_weight = 45 + (current_weight + 0.25) % 80 WHERE user_id IN (\(users.joined(separator: ",")))"
+            ))
                 != nil
             {
                 changed += 1

@@ -25,9 +25,13 @@ import Testing
             let url = pair.url(of: pair.first)
             try await Fault.migrate(url)
             let database = FaultDatabase(url: url, applicationName: "erasure-test")
-            try await database.execute(Fault.seedSQL(count: Self.users, zones: Self.zones, invalidEvery: nil) + BulkDeleteTests.history)
+            try await database.execute(
+                Fault.seedSQL(count: Self.users, zones: Self.zones, invalidEvery: nil) + BulkDeleteTests.history)
             let dailyAt = try await Fault.dailyTime(database)
-            let extra = ["METRICSD_CHUNK_SIZE": "500", "METRICSD_BATCH_SIZE": "50", "METRICSD_WORKERS": "2", "METRICSD_TICK_SECONDS": "0.3"]
+            let extra = [
+                "METRICSD_CHUNK_SIZE": "500", "METRICSD_BATCH_SIZE": "50", "METRICSD_WORKERS": "2",
+                "METRICSD_TICK_SECONDS": "0.3",
+            ]
             let a = try Fault.start(url, dailyAt: dailyAt, name: "metricsd", extra: extra)
             var delayed = extra
             delayed["METRICSD_FAULTS"] = "batch-delay-ms=20"
@@ -46,8 +50,11 @@ import Testing
                 try await BulkDeleteTests.makeTheDayDueAgain(database)
                 let job = try await a.request(
                     "/v1/admin/recompute", method: .post,
-                    headers: [.authorization: "Bearer \(DaemonProcess.secrets.adminToken)", .contentType: "application/json"], body: "{}")
-                #expect(job.status == .accepted || job.status == .ok, "round \(round): recompute \(job.status) \(job.text)")
+                    headers: [
+                        .authorization: "Bearer \(DaemonProcess.secrets.adminToken)", .contentType: "application/json",
+                    ], body: "{}")
+                #expect(
+                    job.status == .accepted || job.status == .ok, "round \(round): recompute \(job.status) \(job.text)")
                 let underWay = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(10)) {
                     try await database.int("SELECT count(*) FROM work_chunks WHERE cursor_user_id > range_start") > 0
                 }
@@ -58,8 +65,12 @@ import Testing
                     let user = Int64(random.next(upTo: Self.users) + 1)
                     guard !deleted.contains(user) else { continue }
                     do {
-                        try await database.execute("UPDATE user_settings SET current_weight = current_weight + 1 WHERE user_id = \(user)")
-                        if try await database.int("WITH gone AS (DELETE FROM users WHERE id = \(user) RETURNING 1) SELECT count(*) FROM gone") == 1 {
+                        try await database.execute(
+                            "UPDATE user_settings SET current_weight = current_weight + 1 WHERE user_id = \(user)")
+                        if try await database.int(
+                            "WITH gone AS (DELETE FROM users WHERE id = \(user) RETURNING 1) SELECT count(*) FROM gone")
+                            == 1
+                        {
                             deleted.append(user)
                         }
                     } catch {
@@ -67,9 +78,11 @@ import Testing
                     }
                     try await Task.sleep(for: .milliseconds(Int.random(in: 0...15, using: &random)))
                 }
-                #expect(await BulkDeleteTests.unitsDone(database), "round \(round): units not done\n\(b.log.suffix(2000))")
+                #expect(
+                    await BulkDeleteTests.unitsDone(database), "round \(round): units not done\n\(b.log.suffix(2000))")
                 let finished = await Fault.waitUntil(timeout: .seconds(120)) {
-                    try await database.int("SELECT count(*) FROM work_chunks WHERE state IN ('pending', 'running')") == 0
+                    try await database.int("SELECT count(*) FROM work_chunks WHERE state IN ('pending', 'running')")
+                        == 0
                 }
                 #expect(finished != nil, "round \(round): work left\n\(a.log.suffix(2000))")
                 let (resurrected, missing) = try await Self.count(database, deleted: deleted)
@@ -83,14 +96,19 @@ import Testing
             #expect(await a.waitForExit() == 0, "\(a.log.suffix(2000))")
             #expect(await b.waitForExit() == 0, "\(b.log.suffix(2000))")
             let (resurrected, missing) = try await Self.count(database, deleted: deleted)
-            let (standbyResurrected, standbyMissing, replay) = try await Self.afterReplay(pair, deleted: deleted, primary: database)
-            #expect(standbyResurrected == 0 && standbyMissing == 0, "the standby after replay: \(standbyResurrected) rows of deleted users, \(standbyMissing) users missing")
+            let (standbyResurrected, standbyMissing, replay) = try await Self.afterReplay(
+                pair, deleted: deleted, primary: database)
+            #expect(
+                standbyResurrected == 0 && standbyMissing == 0,
+                "the standby after replay: \(standbyResurrected) rows of deleted users, \(standbyMissing) users missing"
+            )
             let failedChunks = try await database.int("SELECT count(*) FROM work_chunks WHERE state = 'failed'")
-            print("erasure: \(deleted.count) users deleted in \(Self.rounds) rounds beside daily units, recompute-all and "
-                + "\(changed) settings changes; resurrected rows \(resurrected), remaining users missing the day's row \(missing), "
-                + "failed chunks \(failedChunks); on the standby after replay (caught up \(replay) after the last commit): "
-                + "\(standbyResurrected) and \(standbyMissing); batches retried after meeting a deleted user's foreign key: "
-                + "\(Self.foreignKeyFailures(a.log) + Self.foreignKeyFailures(b.log))")
+            print(
+                "erasure: \(deleted.count) users deleted in \(Self.rounds) rounds beside daily units, recompute-all and "
+                    + "\(changed) settings changes; resurrected rows \(resurrected), remaining users missing the day's row \(missing), "
+                    + "failed chunks \(failedChunks); on the standby after replay (caught up \(replay) after the last commit): "
+                    + "\(standbyResurrected) and \(standbyMissing); batches retried after meeting a deleted user's foreign key: "
+                    + "\(Self.foreignKeyFailures(a.log) + Self.foreignKeyFailures(b.log))")
             #expect(failures.isEmpty, "\(failures)")
             #expect(deleted.count == Self.rounds * Self.perRound, "200 deletions: \(deleted.count)")
             #expect(resurrected == 0 && missing == 0 && failedChunks == 0)
@@ -109,7 +127,9 @@ import Testing
         }
         let replay = (caughtUp ?? ContinuousClock.now) - started
         try #require(caughtUp != nil, "the standby did not replay up to \(lsn)")
-        let (resurrected, missing) = try await Self.count(deleted: deleted) { Int(try await pair.second.value($0)) ?? -1 }
+        let (resurrected, missing) = try await Self.count(deleted: deleted) {
+            Int(try await pair.second.value($0)) ?? -1
+        }
         return (resurrected, missing, replay)
     }
 
@@ -123,7 +143,9 @@ import Testing
         try await Self.count(deleted: deleted) { try await database.int($0) }
     }
 
-    static func count(deleted: [Int64], _ int: (String) async throws -> Int) async throws -> (resurrected: Int, missing: Int) {
+    static func count(deleted: [Int64], _ int: (String) async throws -> Int) async throws -> (
+        resurrected: Int, missing: Int
+    ) {
         let ids = "'{" + deleted.map(String.init).joined(separator: ",") + "}'::bigint[]"
         let resurrected = try await int(
             """

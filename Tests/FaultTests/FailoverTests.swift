@@ -1,5 +1,5 @@
-import MetricsdTestSupport
 import Foundation
+import MetricsdTestSupport
 import Testing
 
 /// The real `metricsd` binary across a PostgreSQL primary failover: a primary and a streaming standby
@@ -18,7 +18,8 @@ import Testing
     /// A failover in the middle of a daily unit of 50,000 users worked by two instances: both stay up, resume on the
     /// promoted standby and finish the unit; no lease is taken over while live; one row per valid user.
     @Test(
-        .enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6)))
+        .enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6))
+    )
     func failoverDuringDailyUnit() async throws {
         let started = ContinuousClock.now
         try await withReplicaPair("failover-daily") { pair in
@@ -27,7 +28,8 @@ import Testing
             let database = FaultDatabase(url: url)
             try await database.installAudit()
             let users = 50_000
-            try await database.execute(Fault.seedSQL(count: users, zones: ["Asia/Kathmandu", "America/Havana", "Europe/Oslo"]))
+            try await database.execute(
+                Fault.seedSQL(count: users, zones: ["Asia/Kathmandu", "America/Havana", "Europe/Oslo"]))
             let dailyAt = try await Fault.dailyTime(database)
             var extra = Self.extra
             extra["METRICSD_CHUNK_SIZE"] = "2500"
@@ -55,9 +57,11 @@ import Testing
                 try await database.int("SELECT count(*) FROM daily_units WHERE state <> 'done'") == 0
             }
             let doneSeconds = try #require(
-                done.map { ($0 - promoted).faultSeconds }, "the unit did not finish on the new primary:\n\(a.log.suffix(3000))\n\(b.log.suffix(3000))")
+                done.map { ($0 - promoted).faultSeconds },
+                "the unit did not finish on the new primary:\n\(a.log.suffix(3000))\n\(b.log.suffix(3000))")
             print(
-                "failover-daily: \(rowsAtFailover) of \(users) users' rows written before the failover; first write \(Fault.format(firstWriteSeconds)) s after the promotion, unit done \(Fault.format(doneSeconds)) s after")
+                "failover-daily: \(rowsAtFailover) of \(users) users' rows written before the failover; first write \(Fault.format(firstWriteSeconds)) s after the promotion, unit done \(Fault.format(doneSeconds)) s after"
+            )
             #expect(a.process.isRunning && b.process.isRunning, "an instance exited across the failover")
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
             let ready = await Fault.probe(port: a.port, path: "/readyz")
@@ -97,7 +101,8 @@ import Testing
             let script = try Fault.wrkScript(users: Fault.validUserIDs(2000, count: 300))
             async let load = Fault.wrk(port: daemon.port, connections: 8, seconds: 15, script: script)
             try await Task.sleep(for: .seconds(2))
-            let before = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+            let before = await Fault.probe(
+                port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
             #expect(before.status == 200, "before the failover: \(String(describing: before.status))")
 
             // The primary goes; until the standby is promoted (3 s later) no read-write server exists.
@@ -108,32 +113,47 @@ import Testing
             }
             #expect(unready != nil, "/readyz not 503 while only a standby is up")
             let reason = await Self.readyzBody(port: daemon.port)
-            #expect(reason.contains("no read-write server") || reason.contains("unreachable"), "/readyz reason: \(reason)")
+            #expect(
+                reason.contains("no read-write server") || reason.contains("unreachable"), "/readyz reason: \(reason)")
             try await Task.sleep(until: crashed + .seconds(3))
             let promoted = try await pair.promoteStandby()
             let ready = await Fault.waitUntil(timeout: .seconds(30), poll: .milliseconds(50)) {
                 await Fault.probe(port: daemon.port, path: "/readyz").status == 200
             }
-            let readySeconds = try #require(ready.map { ($0 - promoted).faultSeconds }, "/readyz never 200 on the new primary")
+            let readySeconds = try #require(
+                ready.map { ($0 - promoted).faultSeconds }, "/readyz never 200 on the new primary")
 
             let result = try await load
             let failed = result.requests - (result.statuses[200] ?? 0)
-            print("failover-http: wrk \(result.summary); failed \(failed) of \(result.requests); no primary for \(Fault.format((promoted - crashed).faultSeconds)) s; /readyz 200 \(Fault.format(readySeconds)) s after the promotion")
-            #expect(result.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 }, "statuses other than 200/503: \(result.statuses)")
+            print(
+                "failover-http: wrk \(result.summary); failed \(failed) of \(result.requests); no primary for \(Fault.format((promoted - crashed).faultSeconds)) s; /readyz 200 \(Fault.format(readySeconds)) s after the promotion"
+            )
+            #expect(
+                result.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 },
+                "statuses other than 200/503: \(result.statuses)")
             #expect((result.statuses[200] ?? 0) > 0)
-            let after = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+            let after = await Fault.probe(
+                port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
             #expect(after.status == 200, "after the promotion: \(String(describing: after.status))")
 
             let refreshed1 = try await Self.changeAndWait(database, user: 1, weight: "91.25")
-            print("failover-settings: /readyz 200 \(Fault.format(readySeconds)) s after the promotion; settings change right after recomputed in \(refreshed1.map { Fault.format($0) } ?? "never") s")
-            #expect(refreshed1 != nil && refreshed1! < 5, "settings change after the promotion not recomputed within 5 s:\n\(daemon.log.suffix(3000))")
+            print(
+                "failover-settings: /readyz 200 \(Fault.format(readySeconds)) s after the promotion; settings change right after recomputed in \(refreshed1.map { Fault.format($0) } ?? "never") s"
+            )
+            #expect(
+                refreshed1 != nil && refreshed1! < 5,
+                "settings change after the promotion not recomputed within 5 s:\n\(daemon.log.suffix(3000))")
 
             // The old primary returns as a standby of the new one; the daemon's URL lists it first.
             try await pair.rejoinOldPrimary()
             let refreshed2 = try await Self.changeAndWait(database, user: 3, weight: "88.75")
-            #expect(refreshed2 != nil && refreshed2! < 5, "settings change after the old primary's return not recomputed:\n\(daemon.log.suffix(3000))")
-            let onStandby = Int(try await pair.first.value(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'metricsd-settings'")) ?? -1
+            #expect(
+                refreshed2 != nil && refreshed2! < 5,
+                "settings change after the old primary's return not recomputed:\n\(daemon.log.suffix(3000))")
+            let onStandby =
+                Int(
+                    try await pair.first.value(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'metricsd-settings'")) ?? -1
             #expect(onStandby == 0, "\(onStandby) daemon connections stay on the read-only old primary")
             #expect(daemon.process.isRunning)
             daemon.signal(SIGTERM)
@@ -188,8 +208,11 @@ import Testing
             let done = await Fault.waitUntil(timeout: .seconds(120)) {
                 try await database.value("SELECT state FROM recompute_jobs") == "done"
             }
-            let doneSeconds = try #require(done.map { ($0 - promoted).faultSeconds }, "job not done:\n\(daemon.log.suffix(3000))")
-            print("failover-recompute: \(rowsAtFailover) rows before the failover; job done \(Fault.format(doneSeconds)) s after the promotion")
+            let doneSeconds = try #require(
+                done.map { ($0 - promoted).faultSeconds }, "job not done:\n\(daemon.log.suffix(3000))")
+            print(
+                "failover-recompute: \(rowsAtFailover) rows before the failover; job done \(Fault.format(doneSeconds)) s after the promotion"
+            )
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
             #expect(daemon.process.isRunning)
             daemon.signal(SIGTERM)
@@ -230,7 +253,8 @@ import Testing
             let done = await Fault.waitUntil(timeout: .seconds(120)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state <> 'done'") == 0
             }
-            let doneSeconds = try #require(done.map { ($0 - promoted).faultSeconds }, "unit not done:\n\(daemon.log.suffix(3000))")
+            let doneSeconds = try #require(
+                done.map { ($0 - promoted).faultSeconds }, "unit not done:\n\(daemon.log.suffix(3000))")
             #expect(survived > 0)
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)
@@ -240,7 +264,9 @@ import Testing
             try await pair.startOldPrimaryAlone()
             let committedOnOld = Int(try await pair.first.value("SELECT count(*) FROM profile_metrics")) ?? -1
             let lost = committedOnOld - survived
-            print("failover-async: the old primary had committed \(committedOnOld) rows, the promoted standby \(survived): \(lost) committed rows lost by the failover, all recomputed; unit done \(Fault.format(doneSeconds)) s after the promotion")
+            print(
+                "failover-async: the old primary had committed \(committedOnOld) rows, the promoted standby \(survived): \(lost) committed rows lost by the failover, all recomputed; unit done \(Fault.format(doneSeconds)) s after the promotion"
+            )
             #expect(lost >= 0, "the standby had rows the primary had not")
         }
         print("failover-async: took \(Fault.format((ContinuousClock.now - started).faultSeconds)) s")
@@ -277,8 +303,11 @@ import Testing
             }
             let lastReadyz = await Self.readyzBody(port: daemon.port)
             let unreadySeconds = try #require(
-                unready.map { ($0 - promoted).faultSeconds }, "/readyz never said the database is not answering: \(lastReadyz)\n\(daemon.log.suffix(3000))")
-            let noted = await Fault.waitUntil(timeout: .seconds(20)) { daemon.log.contains("no answer from the database within 3 s") }
+                unready.map { ($0 - promoted).faultSeconds },
+                "/readyz never said the database is not answering: \(lastReadyz)\n\(daemon.log.suffix(3000))")
+            let noted = await Fault.waitUntil(timeout: .seconds(20)) {
+                daemon.log.contains("no answer from the database within 3 s")
+            }
             #expect(noted != nil, "no statement was cancelled at the deadline:\n\(daemon.log.suffix(3000))")
             #expect(daemon.process.isRunning)
 
@@ -288,8 +317,11 @@ import Testing
             let done = await Fault.waitUntil(timeout: .seconds(90)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state <> 'done'") == 0
             }
-            let doneSeconds = try #require(done.map { ($0 - fixed).faultSeconds }, "unit not done:\n\(daemon.log.suffix(3000))")
-            print("failover-syncwait: /readyz 503 'database not answering' \(Fault.format(unreadySeconds)) s after the promotion; unit done \(Fault.format(doneSeconds)) s after synchronous_standby_names was cleared")
+            let doneSeconds = try #require(
+                done.map { ($0 - fixed).faultSeconds }, "unit not done:\n\(daemon.log.suffix(3000))")
+            print(
+                "failover-syncwait: /readyz 503 'database not answering' \(Fault.format(unreadySeconds)) s after the promotion; unit done \(Fault.format(doneSeconds)) s after synchronous_standby_names was cleared"
+            )
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)

@@ -1,10 +1,10 @@
-import MetricsdTestSupport
 import Foundation
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
 import HummingbirdTesting
 import Logging
 import MetricsdPostgres
+import MetricsdTestSupport
 import NIOPosix
 import Synchronization
 import Testing
@@ -61,8 +61,11 @@ import Testing
             let resumed = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(25)) {
                 try await Fault.progressed(database, since: abandoned)
             }
-            let resumeDelay = try #require(resumed.map { ($0 - restart).faultSeconds }, "never resumed:\n\(b.log.suffix(2000))")
-            print("kill-9-daily: resumed \(Fault.format(resumeDelay)) s after the restart (lease \(lease) s, tick \(tick) s)")
+            let resumeDelay = try #require(
+                resumed.map { ($0 - restart).faultSeconds }, "never resumed:\n\(b.log.suffix(2000))")
+            print(
+                "kill-9-daily: resumed \(Fault.format(resumeDelay)) s after the restart (lease \(lease) s, tick \(tick) s)"
+            )
             #expect(resumeDelay <= lease + tick, "work resumed \(resumeDelay) s after the restart")
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
 
@@ -98,14 +101,18 @@ import Testing
             ]
             let trigger = try await Subprocess.run(
                 try DaemonProcess.binary(), ["recompute-all"],
-                environment: ["DATABASE_URL": testDatabase.url, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "2000"])
+                environment: [
+                    "DATABASE_URL": testDatabase.url, "METRICSD_TEST_FORMULA_VERSION": "2",
+                    "METRICSD_CHUNK_SIZE": "2000",
+                ])
             try #require(trigger.status == 0, "\(trigger.output)")
             #expect(try await database.int("SELECT count(*) FROM work_chunks WHERE kind = 'recompute'") == 2)
 
             let a = try Fault.start(testDatabase.url, dailyAt: dailyAt, extra: extra)
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                 let running = try await database.int(
-                    "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start")
+                    "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start"
+                )
                 let rows = try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2")
                 return running == 2 && rows >= 800
             }
@@ -122,8 +129,11 @@ import Testing
             let resumed = await Fault.waitUntil(timeout: .seconds(60), poll: .milliseconds(25)) {
                 try await Fault.progressed(database, since: abandoned)
             }
-            let resumeDelay = try #require(resumed.map { ($0 - restart).faultSeconds }, "never resumed:\n\(b.log.suffix(2000))")
-            print("kill-9-recompute: resumed \(Fault.format(resumeDelay)) s after the restart (lease \(lease) s, tick \(tick) s)")
+            let resumeDelay = try #require(
+                resumed.map { ($0 - restart).faultSeconds }, "never resumed:\n\(b.log.suffix(2000))")
+            print(
+                "kill-9-recompute: resumed \(Fault.format(resumeDelay)) s after the restart (lease \(lease) s, tick \(tick) s)"
+            )
             #expect(resumeDelay <= lease + tick, "work resumed \(resumeDelay) s after the restart")
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
 
@@ -162,7 +172,8 @@ import Testing
                 ])
             try await daemon.waitUntilReady()
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
-                try await database.int("SELECT count(*) FROM work_chunks WHERE state = 'running' AND cursor_user_id > range_start") == 2
+                try await database.int(
+                    "SELECT count(*) FROM work_chunks WHERE state = 'running' AND cursor_user_id > range_start") == 2
             }
             try #require(midway != nil, "the unit did not get under way:\n\(daemon.log.suffix(2000))")
 
@@ -178,31 +189,40 @@ import Testing
             #expect(unready != nil, "/readyz did not go 503 with the database down")
             try await Task.sleep(for: .seconds(2))
             #expect(daemon.process.isRunning, "the daemon exited with the database down:\n\(daemon.log.suffix(2000))")
-            let duringOutage = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
-            #expect(duringOutage.status == 503, "a request during the outage: \(String(describing: duringOutage.status))")
+            let duringOutage = await Fault.probe(
+                port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+            #expect(
+                duringOutage.status == 503, "a request during the outage: \(String(describing: duringOutage.status))")
 
             try await cluster.start()
             let up = ContinuousClock.now
             let ready = await Fault.waitUntil(timeout: .seconds(30), poll: .milliseconds(20)) {
                 await Fault.probe(port: daemon.port, path: "/readyz").status == 200
             }
-            let readyDelay = try #require(ready.map { ($0 - up).faultSeconds }, "/readyz never 200 again:\n\(daemon.log.suffix(2000))")
-            print("pg-restart: database down \(Fault.format((up - down).faultSeconds)) s; /readyz 200 \(Fault.format(readyDelay)) s after the database restart")
+            let readyDelay = try #require(
+                ready.map { ($0 - up).faultSeconds }, "/readyz never 200 again:\n\(daemon.log.suffix(2000))")
+            print(
+                "pg-restart: database down \(Fault.format((up - down).faultSeconds)) s; /readyz 200 \(Fault.format(readyDelay)) s after the database restart"
+            )
 
             let done = await Fault.waitUntil(timeout: .seconds(150)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == 2
             }
-            let completed = try #require(done.map { ($0 - up).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
+            let completed = try #require(
+                done.map { ($0 - up).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
             print("pg-restart: units completed \(Fault.format(completed)) s after the database restart")
             // Not held up until the interrupted chunks' leases (60 s) expire: their owner is alive and takes them back.
             #expect(completed < 30, "the unit waited \(completed) s for the database's return to be noticed")
 
             let result = try await load
             print("pg-restart: wrk \(result.summary)")
-            #expect(result.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 }, "statuses other than 200/503: \(result.statuses)")
+            #expect(
+                result.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 },
+                "statuses other than 200/503: \(result.statuses)")
             #expect((result.statuses[503] ?? 0) > 0, "no 503 during the outage: \(result.statuses)")
             #expect((result.statuses[200] ?? 0) > 0)
-            let after = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+            let after = await Fault.probe(
+                port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
             #expect(after.status == 200, "HTTP does not serve again: \(String(describing: after.status))")
             #expect(daemon.process.isRunning, "the daemon is the same process, never restarted")
             daemon.signal(SIGTERM)
@@ -232,7 +252,8 @@ import Testing
                 ])
             try await daemon.waitUntilReady()
             let underway = await Fault.waitUntil(timeout: .seconds(60)) {
-                try await database.int("SELECT count(*) FROM work_chunks WHERE state = 'running' AND cursor_user_id > range_start") == 2
+                try await database.int(
+                    "SELECT count(*) FROM work_chunks WHERE state = 'running' AND cursor_user_id > range_start") == 2
             }
             try #require(underway != nil, "the unit did not get under way:\n\(daemon.log.suffix(2000))")
             let script = try Fault.wrkScript(users: Fault.validUserIDs(6000, count: 500))
@@ -266,21 +287,27 @@ import Testing
             let done = await Fault.waitUntil(timeout: .seconds(120)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == 2
             }
-            let completed = try #require(done.map { ($0 - lastCut).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
+            let completed = try #require(
+                done.map { ($0 - lastCut).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
             print("pg-terminate: units completed \(Fault.format(completed)) s after the last cut")
             // The failed chunks come back after their failure backoff (2, 4, 8 s), not after their 60 s lease.
             #expect(completed < 45, "a cut chunk waited for its lease to expire")
             let result = try await load
             print("pg-terminate: wrk \(result.summary)")
             // The database never went away: a request that met a cut connection is retried on a new one.
-            #expect(result.statuses.keys.allSatisfy { $0 == 200 }, "requests failed with the database up: \(result.statuses)")
+            #expect(
+                result.statuses.keys.allSatisfy { $0 == 200 },
+                "requests failed with the database up: \(result.statuses)")
             #expect(await Fault.probe(port: daemon.port, path: "/readyz").status == 200)
-            #expect(await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1)).status == 200)
+            #expect(
+                await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+                    .status == 200)
             #expect(daemon.log.contains("Worker failed; retrying"), "the cuts hit no batch")
             #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log.suffix(2000))")
-            let report = try await Invariant.check(database, scenario: "pg-terminate", faults: terminated, dailyVersion: 1)
+            let report = try await Invariant.check(
+                database, scenario: "pg-terminate", faults: terminated, dailyVersion: 1)
             report.assertHolds()
         }
         print("pg-terminate: took \(Fault.format((ContinuousClock.now - started).faultSeconds)) s")
@@ -292,7 +319,9 @@ import Testing
     /// 100,000 users whose daily time has passed: three `metricsd serve --migrate` started together race to apply
     /// every migration after 0001 (each applied once), then share the 100,000 users: every chunk written by exactly one instance
     /// (the `fault_audit` writer of its rows is its lease owner) and claimed once, all three do work.
-    @Test(.enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6)))
+    @Test(
+        .enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6))
+    )
     func threeInstancesRaceOnEmptySchema() async throws {
         let started = ContinuousClock.now
         try await withEmptyDatabase { url in
@@ -313,22 +342,27 @@ import Testing
                     url, dailyAt: dailyAt, name: "metricsd-\(index)", extra: extra, arguments: ["serve", "--migrate"])
             }
             for daemon in daemons { try await daemon.waitUntilReady(timeout: .seconds(120)) }
-            let migrations = try await database.rows("SELECT name FROM metricsd_migrations ORDER BY name").map { $0[0] ?? "" }
+            let migrations = try await database.rows("SELECT name FROM metricsd_migrations ORDER BY name").map {
+                $0[0] ?? ""
+            }
             #expect(migrations == Migration.all.map(\.name))
             let applied = daemons.map { $0.log.components(separatedBy: "Applying migration").count - 1 }
-            #expect(applied.reduce(0, +) == Migration.all.count - 1, "each migration after 0001 applied once: \(applied)")
+            #expect(
+                applied.reduce(0, +) == Migration.all.count - 1, "each migration after 0001 applied once: \(applied)")
 
             let done = await Fault.waitUntil(timeout: .seconds(300), poll: .milliseconds(500)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == zones.count
             }
-            let elapsed = try #require(done.map { ($0 - seeded).faultSeconds }, "units not done:\n\(daemons[0].log.suffix(3000))")
+            let elapsed = try #require(
+                done.map { ($0 - seeded).faultSeconds }, "units not done:\n\(daemons[0].log.suffix(3000))")
             print("three-instances: 100000 users done \(Fault.format(elapsed)) s after the start")
 
             let chunks = try await database.int("SELECT count(*) FROM work_chunks")
             let attempts = try await database.int("SELECT sum(attempts) FROM work_chunks")
             #expect(attempts == chunks, "a chunk was claimed more than once: \(attempts) claims for \(chunks) chunks")
             // Each chunk's rows were written by one instance, its lease owner.
-            let pids = Dictionary(uniqueKeysWithValues: daemons.enumerated().map { (String($1.pid), "metricsd-\($0 + 1)") })
+            let pids = Dictionary(
+                uniqueKeysWithValues: daemons.enumerated().map { (String($1.pid), "metricsd-\($0 + 1)") })
             let writers = try await database.rows(
                 """
                 SELECT c.id, split_part(c.lease_owner, ':', 2), count(DISTINCT a.app), min(a.app)
@@ -340,10 +374,13 @@ import Testing
             let shared = writers.filter { $0[2] != "1" }
             let foreign = writers.filter { $0[2] == "1" && pids[$0[1] ?? ""] != $0[3] }
             #expect(shared.isEmpty, "chunks written by two instances: \(shared.prefix(5))")
-            #expect(foreign.isEmpty, "chunks written by an instance that was not their lease owner: \(foreign.prefix(5))")
+            #expect(
+                foreign.isEmpty, "chunks written by an instance that was not their lease owner: \(foreign.prefix(5))")
             let owners = try await database.rows(
                 "SELECT split_part(lease_owner, ':', 2), count(*) FROM work_chunks WHERE state = 'done' GROUP BY 1")
-            print("three-instances: \(chunks) chunks; done per instance: \(owners.map { "\(pids[$0[0] ?? ""] ?? "?")=\($0[1] ?? "")" }.joined(separator: " "))")
+            print(
+                "three-instances: \(chunks) chunks; done per instance: \(owners.map { "\(pids[$0[0] ?? ""] ?? "?")=\($0[1] ?? "")" }.joined(separator: " "))"
+            )
             #expect(Set(owners.compactMap { $0[0] }) == Set(pids.keys), "all three instances did work: \(owners)")
             for daemon in daemons {
                 #expect(!daemon.log.contains("lease lost"), "\(daemon.log.suffix(2000))")
@@ -373,7 +410,8 @@ import Testing
             let shutdownSeconds = 5.0
             let extra = [
                 "METRICSD_LEASE_SECONDS": "30", "METRICSD_CHUNK_SIZE": "5000", "METRICSD_BATCH_SIZE": "\(batch)",
-                "METRICSD_FAULTS": "batch-delay-ms=150", "METRICSD_WORKERS": "1", "METRICSD_SHUTDOWN_SECONDS": "\(shutdownSeconds)",
+                "METRICSD_FAULTS": "batch-delay-ms=150", "METRICSD_WORKERS": "1",
+                "METRICSD_SHUTDOWN_SECONDS": "\(shutdownSeconds)",
             ]
             let a = try Fault.start(testDatabase.url, dailyAt: dailyAt, name: "metricsd-a", extra: extra)
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
@@ -382,8 +420,11 @@ import Testing
             try #require(midway != nil, "the unit did not get under way:\n\(a.log.suffix(2000))")
             let b = try Fault.start(testDatabase.url, dailyAt: dailyAt, name: "metricsd-b", extra: extra)
             try await b.waitUntilReady()
-            #expect(try await database.int("SELECT count(*) FROM work_chunks WHERE split_part(lease_owner, ':', 2) = $1", [String(b.pid)]) == 0,
-                    "the peer has nothing to claim while A holds the only chunk")
+            #expect(
+                try await database.int(
+                    "SELECT count(*) FROM work_chunks WHERE split_part(lease_owner, ':', 2) = $1", [String(b.pid)])
+                    == 0,
+                "the peer has nothing to claim while A holds the only chunk")
 
             a.signal(SIGTERM)
             let signalled = ContinuousClock.now
@@ -400,7 +441,8 @@ import Testing
                     "SELECT count(*) FROM fault_chunk_log WHERE split_part(new_owner, ':', 2) = $1 AND old_owner IS DISTINCT FROM new_owner",
                     [String(b.pid)]) > 0
             }
-            let takeoverSeconds = try #require(takeover.map { ($0 - signalled).faultSeconds }, "the peer never took over:\n\(b.log.suffix(2000))")
+            let takeoverSeconds = try #require(
+                takeover.map { ($0 - signalled).faultSeconds }, "the peer never took over:\n\(b.log.suffix(2000))")
             print("sigterm: peer took over \(Fault.format(takeoverSeconds)) s after SIGTERM (lease 30 s)")
             #expect(takeoverSeconds < 10, "the lease was not released at once")
             let handover = try #require(
@@ -411,7 +453,8 @@ import Testing
                     JOIN fault_chunk_log c2 ON c2.chunk_id = l.chunk_id AND split_part(c2.new_owner, ':', 2) = $2
                                            AND c2.old_owner IS DISTINCT FROM c2.new_owner
                     WHERE split_part(l.old_owner, ':', 2) = $1 AND l.new_lease_until < l.statement_now
-                    """, [String(a.pid), String(b.pid)]).first,
+                    """, [String(a.pid), String(b.pid)]
+                ).first,
                 "no release by A followed by a claim by B in the chunk log")
             let finalCursor = handover[0] ?? ""
             #expect(Double(handover[2] ?? "") ?? 1 < 0, "the peer claimed under a released lease, not a live one")
@@ -423,7 +466,9 @@ import Testing
             let validUpToCursor = try await database.int(
                 "SELECT count(*) FROM users u JOIN user_settings s ON s.user_id = u.id WHERE u.id <= $1 AND s.height >= 100",
                 [finalCursor])
-            print("sigterm: A stopped at user \(finalCursor) after \(upToCursor) users (\(upToCursor / batch) batches of \(batch)); wrote \(byA) rows")
+            print(
+                "sigterm: A stopped at user \(finalCursor) after \(upToCursor) users (\(upToCursor / batch) batches of \(batch)); wrote \(byA) rows"
+            )
             #expect(beyond == 0, "A wrote rows beyond its final cursor")
             #expect(upToCursor % batch == 0, "A's last batch was partial: \(upToCursor) users up to the cursor")
             #expect(byA == validUpToCursor, "A's rows are not exactly its whole batches")
@@ -447,13 +492,16 @@ import Testing
     /// stays up with a bounded peak RSS, answers 200 or a 503 that the in-flight limit (`METRICSD_MAX_IN_FLIGHT`)
     /// decides at once (under 100 ms in the daemon, by its own histogram), leaves at most 2% unanswered within
     /// wrk's 10 s (2 CPUs shared with wrk, PostgreSQL and the other tests), and serves normally right after.
-    @Test(.enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(4)))
+    @Test(
+        .enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(4))
+    )
     func overload() async throws {
         let started = ContinuousClock.now
         try await withTestDatabase { testDatabase in
             let database = FaultDatabase(url: testDatabase.url)
             try await database.installAudit()
-            try await database.execute(Fault.seedSQL(count: 2000, zones: ["Europe/Berlin", "Asia/Tokyo", "America/New_York"]))
+            try await database.execute(
+                Fault.seedSQL(count: 2000, zones: ["Europe/Berlin", "Asia/Tokyo", "America/New_York"]))
             let dailyAt = try await Fault.dailyTime(database)
             let daemon = try Fault.start(testDatabase.url, dailyAt: dailyAt)
             try await daemon.waitUntilReady()
@@ -469,11 +517,14 @@ import Testing
             // 16 times the concurrency that already saturates it (8 times the default in-flight limit, 64), for 30 s.
             let connections = 512
             let probes = ProbeLog()
-            let load = Task { try await Fault.wrk(port: daemon.port, connections: connections, seconds: 30, script: script) }
+            let load = Task {
+                try await Fault.wrk(port: daemon.port, connections: connections, seconds: 30, script: script)
+            }
             let prober = Task {
                 try? await Task.sleep(for: .seconds(2))
                 while !Task.isCancelled {
-                    let result = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+                    let result = await Fault.probe(
+                        port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
                     probes.append(result)
                     try? await Task.sleep(for: .milliseconds(500))
                 }
@@ -483,7 +534,8 @@ import Testing
             _ = await prober.value
             let peakKB = Fault.peakRSSKilobytes(pid: daemon.pid) ?? -1
             let probed = probes.all
-            let probeSummary = "probes: \(probed.count), 200: \(probed.filter { $0.status == 200 }.count), 503: \(probed.filter { $0.status == 503 }.count), no answer: \(probed.filter { $0.status == nil }.count), slowest \(Fault.format(probed.map(\.seconds).max() ?? 0)) s"
+            let probeSummary =
+                "probes: \(probed.count), 200: \(probed.filter { $0.status == 200 }.count), 503: \(probed.filter { $0.status == 503 }.count), no answer: \(probed.filter { $0.status == nil }.count), slowest \(Fault.format(probed.map(\.seconds).max() ?? 0)) s"
             // How long the daemon took over the requests it shed (from its own histogram, first middleware to response).
             // Right after the load, requests that wrk gave up on may still hold the in-flight slots, and /metrics
             // itself is shed (503): asked again until it answers.
@@ -497,29 +549,39 @@ import Testing
                 try await Task.sleep(for: .milliseconds(500))
             }
             let shed = Fault.metric(metrics, "metricsd_http_request_duration_seconds_count{route=\"shed\"}")
-            let shedFast = Fault.metric(metrics, "metricsd_http_request_duration_seconds_bucket{route=\"shed\",le=\"0.1\"}")
+            let shedFast = Fault.metric(
+                metrics, "metricsd_http_request_duration_seconds_bucket{route=\"shed\",le=\"0.1\"}")
             let unanswered = overload.errors.timeout + overload.errors.connect + overload.errors.read
             print("overload: \(connections) connections for 30 s: \(overload.summary)")
-            print("overload: shed with 503 by the in-flight limit: \(shed), of them within 100 ms: \(shedFast); \(probeSummary)")
+            print(
+                "overload: shed with 503 by the in-flight limit: \(shed), of them within 100 ms: \(shedFast); \(probeSummary)"
+            )
             print("overload: peak RSS (VmHWM) \(peakKB / 1024) MB")
             #expect(daemon.process.isRunning, "the daemon died under overload:\n\(daemon.log.suffix(2000))")
             #expect(peakKB > 0 && peakKB < 300 * 1024, "peak RSS \(peakKB) kB")
-            #expect(overload.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 }, "statuses other than 200/503: \(overload.statuses)")
+            #expect(
+                overload.statuses.keys.allSatisfy { $0 == 200 || $0 == 503 },
+                "statuses other than 200/503: \(overload.statuses)")
             #expect((overload.statuses[503] ?? 0) > 0 && shed > 0, "no request was shed: \(overload.summary)")
-            #expect(shedFast == shed, "a shed request took over 100 ms in the daemon: \(shedFast) of \(shed) within 100 ms")
+            #expect(
+                shedFast == shed, "a shed request took over 100 ms in the daemon: \(shedFast) of \(shed) within 100 ms")
             // Whatever is neither a 200 nor a 503 (no answer within wrk's 10 s): at most 2%. The tail is CPU
             // scheduling (a debug build on 2 CPUs shared with wrk, PostgreSQL and the other tests), not a queue.
             #expect(unanswered * 50 <= overload.requests, "\(unanswered) requests unanswered: \(overload.summary)")
             #expect(probed.allSatisfy { $0.status == 200 || $0.status == 503 || $0.status == nil }, "\(probeSummary)")
 
             // Right after: a normal request within 1 s, and ready.
-            let after = await Fault.probe(port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
-            print("overload: first request after: \(String(describing: after.status)) in \(Fault.format(after.seconds)) s")
+            let after = await Fault.probe(
+                port: daemon.port, path: "/v1/profile/metrics/today", token: TestTokens.user(1))
+            print(
+                "overload: first request after: \(String(describing: after.status)) in \(Fault.format(after.seconds)) s"
+            )
             #expect(after.status == 200 && after.seconds < 1, "after the overload: \(after)")
             #expect(await Fault.probe(port: daemon.port, path: "/readyz").status == 200)
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log.suffix(2000))")
-            let report = try await Invariant.check(database, scenario: "overload", faults: overload.requests, dailyVersion: 1)
+            let report = try await Invariant.check(
+                database, scenario: "overload", faults: overload.requests, dailyVersion: 1)
             report.assertHolds()
         }
         print("overload: took \(Fault.format((ContinuousClock.now - started).faultSeconds)) s")
@@ -530,7 +592,9 @@ import Testing
     /// 100,000 users, 5% of them with each kind of bad settings and 5% in time zones PostgreSQL does not know:
     /// the daily run completes, every bad user is in `metrics_skips` with the pure core's reasons (and
     /// `metricsd skipped` lists them), no row for any of them, the right row for every valid user.
-    @Test(.enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6)))
+    @Test(
+        .enabled(if: FaultInjectionTests.long, Comment(rawValue: FaultInjectionTests.longGate)), .timeLimit(.minutes(6))
+    )
     func badDataAtScale() async throws {
         let started = ContinuousClock.now
         try await withTestDatabase { testDatabase in
@@ -551,25 +615,31 @@ import Testing
             let done = await Fault.waitUntil(timeout: .seconds(300), poll: .milliseconds(500)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == unitCount
             }
-            let elapsed = try #require(done.map { ($0 - seeded).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
+            let elapsed = try #require(
+                done.map { ($0 - seeded).faultSeconds }, "units not done:\n\(daemon.log.suffix(3000))")
             print("bad-data: \(unitCount) units done \(Fault.format(elapsed)) s after the start")
             #expect(daemon.log.components(separatedBy: "Daily unit done").count - 1 == unitCount)
 
             let report = try await Invariant.check(database, scenario: "bad-data", faults: bad, dailyVersion: 1)
             report.assertHolds()
-            #expect(report.skippedUsers == bad, "every bad user is skipped, no valid one: \(report.skippedUsers) of \(bad)")
+            #expect(
+                report.skippedUsers == bad, "every bad user is skipped, no valid one: \(report.skippedUsers) of \(bad)")
             let byCode = try await database.rows(
                 "SELECT code, count(*) FROM metrics_skips, unnest(reason_codes) code GROUP BY code ORDER BY code")
             print("bad-data: skips by reason: \(byCode.map { "\($0[0] ?? "")=\($0[1] ?? "")" }.joined(separator: " "))")
-            #expect(Set(byCode.compactMap { $0[0] }) == Set(SkipReason.Code.allCases.map(\.rawValue)), "every kind of reason: \(byCode)")
+            #expect(
+                Set(byCode.compactMap { $0[0] }) == Set(SkipReason.Code.allCases.map(\.rawValue)),
+                "every kind of reason: \(byCode)")
 
             // `metricsd skipped` lists every one of them with the core's reasons (all of them, as JSON), and the
             // table shows the reason sentence.
             let listed = try await Subprocess.capture(
-                try DaemonProcess.binary(), ["skipped", "--limit", "1000000", "--json"], environment: ["DATABASE_URL": testDatabase.url])
+                try DaemonProcess.binary(), ["skipped", "--limit", "1000000", "--json"],
+                environment: ["DATABASE_URL": testDatabase.url])
             #expect(listed.status == 0, "\(listed.stderr)")
             let entries = try #require(
-                try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]], "\(listed.stdout.prefix(500))")
+                try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]],
+                "\(listed.stdout.prefix(500))")
             #expect(entries.count == bad, "metricsd skipped lists \(entries.count) users, \(bad) are bad")
             var misreported = 0
             for entry in entries {
@@ -579,14 +649,21 @@ import Testing
                     entry["reasonCodes"] as? [String] == expected.map(\.code.rawValue)
                 else {
                     misreported += 1
-                    if misreported <= 3 { Issue.record("user \(id) listed as \(entry), the core says \(String(describing: report.expectedSkips[id]))") }
+                    if misreported <= 3 {
+                        Issue.record(
+                            "user \(id) listed as \(entry), the core says \(String(describing: report.expectedSkips[id]))"
+                        )
+                    }
                     continue
                 }
             }
             #expect(misreported == 0)
-            print("bad-data: metricsd skipped --json lists \(entries.count) users, \(misreported) not with the core's reasons")
+            print(
+                "bad-data: metricsd skipped --json lists \(entries.count) users, \(misreported) not with the core's reasons"
+            )
             let table = try await Subprocess.capture(
-                try DaemonProcess.binary(), ["skipped", "--limit", "5"], environment: ["DATABASE_URL": testDatabase.url])
+                try DaemonProcess.binary(), ["skipped", "--limit", "5"], environment: ["DATABASE_URL": testDatabase.url]
+            )
             #expect(table.status == 0)
             if let first = entries.first, let reasons = first["reasons"] as? String {
                 #expect(table.stdout.contains("USER") && table.stdout.contains(reasons), "\(table.stdout)")
@@ -621,7 +698,8 @@ import Testing
             // Start-up with every slot taken.
             let hog = ConnectionHog(url: cluster.url)
             let first = await hog.fill()
-            print("out-of-connections: the hog holds \(first.opened) connections; refused with: \(first.refusal ?? "-")")
+            print(
+                "out-of-connections: the hog holds \(first.opened) connections; refused with: \(first.refusal ?? "-")")
             #expect(first.refusal?.contains("too many clients") == true, "\(String(describing: first.refusal))")
             let daemon = try Fault.start(
                 cluster.url, dailyAt: dailyAt,
@@ -635,11 +713,15 @@ import Testing
             #expect(waiting != nil, "no clear log line:\n\(daemon.log.suffix(2000))")
             try await Task.sleep(for: .seconds(2))
             #expect(daemon.process.isRunning, "the daemon exited:\n\(daemon.log.suffix(2000))")
-            print("out-of-connections: start-up log line: \(daemon.log.split(separator: "\n").first { $0.contains("too many clients") } ?? "")")
+            print(
+                "out-of-connections: start-up log line: \(daemon.log.split(separator: "\n").first { $0.contains("too many clients") } ?? "")"
+            )
             await hog.release()
             let freed = ContinuousClock.now
             try await daemon.waitUntilReady()
-            print("out-of-connections: ready \(Fault.format((ContinuousClock.now - freed).faultSeconds)) s after the slots were freed")
+            print(
+                "out-of-connections: ready \(Fault.format((ContinuousClock.now - freed).faultSeconds)) s after the slots were freed"
+            )
 
             // Running, mid-unit: every slot taken and the daemon's connections cut.
             let midway = await Fault.waitUntil(timeout: .seconds(60)) {
@@ -649,15 +731,20 @@ import Testing
             let mark = daemon.log.count
             let second = await hog.fill()
             let cut = try await hog.query(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'metricsd') t")
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'metricsd') t"
+            )
             let refill = await hog.fill(for: .seconds(2))
-            print("out-of-connections: hog +\(second.opened) connections, cut \(cut ?? "?") daemon backends, took \(refill.opened) of the freed slots")
+            print(
+                "out-of-connections: hog +\(second.opened) connections, cut \(cut ?? "?") daemon backends, took \(refill.opened) of the freed slots"
+            )
             let starved = await Fault.waitUntil(timeout: .seconds(15)) {
                 String(daemon.log.dropFirst(mark)).contains("too many clients")
             }
             #expect(starved != nil, "no log line about the full server while running:\n\(daemon.log.suffix(2000))")
             let whileFull = await Fault.probe(port: daemon.port, path: "/readyz")
-            print("out-of-connections: /readyz while the server is full: \(String(describing: whileFull.status)) (200 when the daemon kept or won a slot)")
+            print(
+                "out-of-connections: /readyz while the server is full: \(String(describing: whileFull.status)) (200 when the daemon kept or won a slot)"
+            )
             try await Task.sleep(for: .seconds(3))
             #expect(daemon.process.isRunning, "the daemon exited:\n\(daemon.log.suffix(2000))")
             await hog.release()
@@ -666,12 +753,16 @@ import Testing
                 await Fault.probe(port: daemon.port, path: "/readyz").status == 200
             }
             #expect(readyAgain != nil)
-            print("out-of-connections: /readyz 200 \(Fault.format(((readyAgain ?? freedAgain) - freedAgain).faultSeconds)) s after the slots were freed")
+            print(
+                "out-of-connections: /readyz 200 \(Fault.format(((readyAgain ?? freedAgain) - freedAgain).faultSeconds)) s after the slots were freed"
+            )
             let done = await Fault.waitUntil(timeout: .seconds(120)) {
                 try await database.int("SELECT count(*) FROM daily_units WHERE state = 'done'") == 2
             }
             #expect(done != nil, "units not done:\n\(daemon.log.suffix(3000))")
-            print("out-of-connections: units done \(Fault.format(((done ?? freedAgain) - freedAgain).faultSeconds)) s after the slots were freed")
+            print(
+                "out-of-connections: units done \(Fault.format(((done ?? freedAgain) - freedAgain).faultSeconds)) s after the slots were freed"
+            )
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log.suffix(2000))")
             let report = try await Invariant.check(database, scenario: "out-of-connections", faults: 2, dailyVersion: 1)
@@ -689,7 +780,8 @@ enum Fault {
     /// `invalidEvery`-th user whose height is 72 cm. Settings changed a day ago and triggers off while seeding,
     /// so the settings sweep leaves them to the daily run (as for users who onboarded earlier).
     static func seedSQL(count: Int, zones: [String], invalidEvery: Int? = 50) -> String {
-        let height = invalidEvery.map { "CASE WHEN id % \($0) = 0 THEN 72 ELSE 150 + (id % 60) + (id % 2) * 0.5 END" }
+        let height =
+            invalidEvery.map { "CASE WHEN id % \($0) = 0 THEN 72 ELSE 150 + (id % 60) + (id % 2) * 0.5 END" }
             ?? "150 + (id % 60) + (id % 2) * 0.5"
         return """
             SET session_replication_role = replica;
@@ -754,7 +846,8 @@ enum Fault {
     }
 
     static func array(_ values: [String]) -> String {
-        "ARRAY[" + values.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ",") + "]::text[]"
+        "ARRAY[" + values.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ",")
+            + "]::text[]"
     }
 
     /// `count` IANA zones spread over PostgreSQL's list (different offsets, DST rules and hemispheres).
@@ -787,7 +880,8 @@ enum Fault {
 
     /// `metricsd migrate` against `url`.
     static func migrate(_ url: String) async throws {
-        let migrated = try await Subprocess.run(try DaemonProcess.binary(), ["migrate"], environment: ["DATABASE_URL": url])
+        let migrated = try await Subprocess.run(
+            try DaemonProcess.binary(), ["migrate"], environment: ["DATABASE_URL": url])
         try #require(migrated.status == 0, "\(migrated.output)")
     }
 
@@ -832,7 +926,8 @@ enum Fault {
         let time = try #require(best.first?[0] ?? nil, "no users to schedule")
         let seconds = Int(best.first?[1] ?? "") ?? 0
         // (The scenarios take minutes; the zones of any of them leave a daily time free for hours.)
-        try #require(seconds >= 3600, "the users' zones reach every daily time within the hour (\(time) in \(seconds) s)")
+        try #require(
+            seconds >= 3600, "the users' zones reach every daily time within the hour (\(time) in \(seconds) s)")
         return time
     }
 
@@ -850,18 +945,22 @@ enum Fault {
 
     /// The cursors of the chunks not done yet.
     static func chunkCursors(_ database: FaultDatabase) async throws -> [(id: String, cursor: String)] {
-        try await database.rows("SELECT id, cursor_user_id FROM work_chunks WHERE state IN ('pending', 'running') ORDER BY id")
-            .map { ($0[0] ?? "", $0[1] ?? "") }
+        try await database.rows(
+            "SELECT id, cursor_user_id FROM work_chunks WHERE state IN ('pending', 'running') ORDER BY id"
+        )
+        .map { ($0[0] ?? "", $0[1] ?? "") }
     }
 
     /// Whether any of `chunks` has moved past its cursor (or finished) since.
-    static func progressed(_ database: FaultDatabase, since chunks: [(id: String, cursor: String)]) async throws -> Bool {
+    static func progressed(_ database: FaultDatabase, since chunks: [(id: String, cursor: String)]) async throws -> Bool
+    {
         guard !chunks.isEmpty else { return false }
         return try await database.int(
             """
             SELECT count(*) FROM work_chunks c JOIN unnest($1::bigint[], $2::bigint[]) k(id, cursor) ON c.id = k.id
             WHERE c.cursor_user_id > k.cursor OR c.state = 'done'
-            """, ["{\(chunks.map(\.id).joined(separator: ","))}", "{\(chunks.map(\.cursor).joined(separator: ","))}"]) > 0
+            """, ["{\(chunks.map(\.id).joined(separator: ","))}", "{\(chunks.map(\.cursor).joined(separator: ","))}"])
+            > 0
     }
 
     /// Claims that took a chunk from another owner while its lease was live (`fault_chunk_log`).
@@ -878,7 +977,9 @@ enum Fault {
         status: Int?, seconds: Double
     ) {
         let started = ContinuousClock.now
-        guard let descriptor = RawHTTP.connect(port: port) else { return (nil, (ContinuousClock.now - started).faultSeconds) }
+        guard let descriptor = RawHTTP.connect(port: port) else {
+            return (nil, (ContinuousClock.now - started).faultSeconds)
+        }
         var headers: [String: String] = ["Connection": "close"]
         if let token { headers["Authorization"] = "Bearer \(token)" }
         guard RawHTTP.send(descriptor, RawHTTP.get(path, port: port, headers: headers)) else {
@@ -922,8 +1023,10 @@ enum Fault {
 
         var rate: Double { self.seconds > 0 ? Double(self.requests) / self.seconds : 0 }
         var summary: String {
-            let statuses = self.statuses.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-            return "\(self.requests) requests in \(Fault.format(self.seconds)) s (\(Int(self.rate)) req/s), statuses \(statuses), latency p50 \(Fault.format(self.p50ms)) ms p99 \(Fault.format(self.p99ms)) ms max \(Fault.format(self.maxms)) ms, socket errors connect \(self.errors.connect) read \(self.errors.read) write \(self.errors.write) timeout \(self.errors.timeout)"
+            let statuses = self.statuses.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(
+                separator: " ")
+            return
+                "\(self.requests) requests in \(Fault.format(self.seconds)) s (\(Int(self.rate)) req/s), statuses \(statuses), latency p50 \(Fault.format(self.p50ms)) ms p99 \(Fault.format(self.p99ms)) ms max \(Fault.format(self.maxms)) ms, socket errors connect \(self.errors.connect) read \(self.errors.read) write \(self.errors.write) timeout \(self.errors.timeout)"
         }
     }
 
@@ -932,7 +1035,8 @@ enum Fault {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
         let found = (path.split(separator: ":").map { "\($0)/wrk" } + ["/usr/bin/wrk", "/usr/local/bin/wrk"])
             .first { FileManager.default.isExecutableFile(atPath: $0) }
-        return try #require(found, "wrk is not installed: apt-get install -y wrk (scripts/pg-cluster ensure-packages wrk)")
+        return try #require(
+            found, "wrk is not installed: apt-get install -y wrk (scripts/pg-cluster ensure-packages wrk)")
     }
 
     /// A wrk Lua script that GETs `/v1/profile/metrics/today` with valid JWTs of `users` (round robin) and prints
@@ -968,9 +1072,12 @@ enum Fault {
               io.write(string.format("FAULT requests %d %.0f\\n", summary.requests, summary.duration))
             end
             """
-        let base = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
+        let base =
+            ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? NSTemporaryDirectory()
         try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: true)
-        let path = URL(fileURLWithPath: base).appendingPathComponent("fault-wrk-\(UUID().uuidString.prefix(8)).lua").path
+        let path = URL(fileURLWithPath: base).appendingPathComponent("fault-wrk-\(UUID().uuidString.prefix(8)).lua")
+            .path
         try text.write(toFile: path, atomically: true, encoding: .utf8)
         return path
     }
@@ -979,7 +1086,10 @@ enum Fault {
     static func wrk(port: Int, connections: Int, seconds: Int, script: String) async throws -> WrkResult {
         let (status, stdout, stderr) = try await Subprocess.capture(
             try Self.wrkBinary(),
-            ["-t2", "-c\(connections)", "-d\(seconds)s", "--timeout", "10s", "-s", script, "http://127.0.0.1:\(port)/v1/profile/metrics/today"])
+            [
+                "-t2", "-c\(connections)", "-d\(seconds)s", "--timeout", "10s", "-s", script,
+                "http://127.0.0.1:\(port)/v1/profile/metrics/today",
+            ])
         try #require(status == 0, "wrk failed (\(status)): \(stdout)\n\(stderr)")
         var result = WrkResult(output: stdout)
         for line in stdout.split(separator: "\n") where line.hasPrefix("FAULT ") {
@@ -992,7 +1102,10 @@ enum Fault {
                 result.p99ms = (Double(fields[2]) ?? 0) / 1000
                 result.maxms = (Double(fields[3]) ?? 0) / 1000
             case "errors" where fields.count == 6:
-                result.errors = (Int(fields[1]) ?? 0, Int(fields[2]) ?? 0, Int(fields[3]) ?? 0, Int(fields[4]) ?? 0, Int(fields[5]) ?? 0)
+                result.errors = (
+                    Int(fields[1]) ?? 0, Int(fields[2]) ?? 0, Int(fields[3]) ?? 0, Int(fields[4]) ?? 0,
+                    Int(fields[5]) ?? 0
+                )
             case "requests" where fields.count == 3:
                 result.requests = Int(fields[1]) ?? 0
                 result.seconds = (Double(fields[2]) ?? 0) / 1_000_000
@@ -1033,7 +1146,8 @@ final class ConnectionHog: Sendable {
             do {
                 outcome = .success(
                     try await FaultDatabase.threads.runIfActive {
-                        UnsafeTransfer(try PostgresConnection(settings: try ConnectionSettings(conninfo: url, environment: [:])))
+                        UnsafeTransfer(
+                            try PostgresConnection(settings: try ConnectionSettings(conninfo: url, environment: [:])))
                     })
             } catch {
                 outcome = .failure(error)

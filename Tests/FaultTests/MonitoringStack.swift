@@ -1,7 +1,7 @@
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HummingbirdTesting
+import MetricsdTestSupport
 import Testing
 
 /// The live set-up of ``MonitoringTests``' healthy runs, as an operator would run it: a primary and an asynchronous
@@ -45,7 +45,8 @@ struct MonitoringStack {
                     "METRICSD_TLS_KEY_FILE": certificate.key, "METRICSD_READ_DATABASE_URL": set.readURL,
                     "METRICSD_READ_MAX_LAG_SECONDS": "1", "METRICSD_RETENTION_DAYS": "3650",
                 ])
-            return try await Self.withPrometheus(rules: rules, internalPort: internalPort, certificate: certificate) { prometheus, started in
+            return try await Self.withPrometheus(rules: rules, internalPort: internalPort, certificate: certificate) {
+                prometheus, started in
                 let daemon = try DaemonProcess(environment: environment, port: publicPort)
                 defer { daemon.signal(SIGKILL) }
                 try await daemon.waitUntilReady()
@@ -80,13 +81,15 @@ struct MonitoringStack {
         ]
         return try await withBlackboxExporter("monitoring-blackbox", modules: modules) { blackbox in
             let jobs = [
-                PrometheusServer.scrapeJob("metricsd", target: "127.0.0.1:\(internalPort)", caFile: certificate.certificate),
+                PrometheusServer.scrapeJob(
+                    "metricsd", target: "127.0.0.1:\(internalPort)", caFile: certificate.certificate),
                 PrometheusServer.probeJob(
                     "metricsd-readyz", url: "https://127.0.0.1:\(internalPort)/readyz", exporter: blackbox.address),
             ]
             let started = ContinuousClock.now
             let configuration = MonitoringTests.prometheusConfiguration(rules: rules, jobs: jobs)
-            return try await MetricsdTestSupport.withPrometheus("monitoring-prometheus", configuration: configuration) { prometheus in
+            return try await MetricsdTestSupport.withPrometheus("monitoring-prometheus", configuration: configuration) {
+                prometheus in
                 try await prometheus.waitUntilScraping(["metricsd", "metricsd-readyz"])
                 return try await body(prometheus, started)
             }
@@ -112,7 +115,8 @@ struct MonitoringStack {
             try DaemonProcess.binary(), ["recompute-all", "--wait"], environment: self.environment)
         #expect(recompute.status == 0, "metricsd recompute-all --wait: \(recompute.output)")
         _ = try await self.whenMetrics("the recompute job's users") { series in
-            (PrometheusScrape.value(series, "metricsd_users_examined_total", ["kind": "recompute"]) ?? 0) >= Double(Self.userCount)
+            (PrometheusScrape.value(series, "metricsd_users_examined_total", ["kind": "recompute"]) ?? 0)
+                >= Double(Self.userCount)
         }
     }
 
@@ -120,7 +124,10 @@ struct MonitoringStack {
     func metricsText() async throws -> String {
         let (status, output, error) = try await Subprocess.capture(
             "/usr/bin/curl",
-            ["-fsS", "--max-time", "5", "--cacert", self.certificate.certificate, "https://127.0.0.1:\(self.internalPort)/metrics"])
+            [
+                "-fsS", "--max-time", "5", "--cacert", self.certificate.certificate,
+                "https://127.0.0.1:\(self.internalPort)/metrics",
+            ])
         try #require(status == 0, "curl https://127.0.0.1:\(self.internalPort)/metrics (\(status)): \(error)")
         return output
     }
@@ -134,7 +141,10 @@ struct MonitoringStack {
             last = PrometheusScrape.series(try await self.metricsText())
             return condition(last)
         }
-        return try #require(seen, "\(what): not seen on /metrics within \(timeout); read servers: \(last.filter { $0.key.contains("read_server") })")
+        return try #require(
+            seen,
+            "\(what): not seen on /metrics within \(timeout); read servers: \(last.filter { $0.key.contains("read_server") })"
+        )
     }
 
     /// Polls `/readyz` (the public listener: the same answer) until it answers `status`; the instant it first did.
@@ -149,7 +159,8 @@ struct MonitoringStack {
     func readCount() async throws -> [String: Int] {
         let series = PrometheusScrape.series(try await self.metricsText())
         var counts: [String: Int] = [:]
-        for (key, value) in series where key.hasPrefix("metricsd_http_requests_total{") && key.contains("/v1/profile/metrics/today") {
+        for (key, value) in series
+        where key.hasPrefix("metricsd_http_requests_total{") && key.contains("/v1/profile/metrics/today") {
             let status = key.components(separatedBy: "status=\"").last?.prefix(3) ?? "?"
             counts[String(status), default: 0] += Int(value)
         }
@@ -193,10 +204,11 @@ struct MonitoringStack {
 extension MonitoringTests {
     /// The family names of a `/metrics` text (its `# TYPE` lines).
     static func families(_ text: String) -> Set<String> {
-        Set(text.split(separator: "\n").compactMap { line -> String? in
-            guard line.hasPrefix("# TYPE ") else { return nil }
-            let words = line.split(separator: " ")
-            return words.count >= 4 ? String(words[2]) : nil
-        })
+        Set(
+            text.split(separator: "\n").compactMap { line -> String? in
+                guard line.hasPrefix("# TYPE ") else { return nil }
+                let words = line.split(separator: " ")
+                return words.count >= 4 ? String(words[2]) : nil
+            })
     }
 }

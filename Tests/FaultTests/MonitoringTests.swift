@@ -1,5 +1,5 @@
-import MetricsdTestSupport
 import Foundation
+import MetricsdTestSupport
 import Testing
 
 /// The monitoring package (`systemd/prometheus`: alert rules, Grafana dashboard, runbook, generated from
@@ -46,7 +46,8 @@ import Testing
             // An hour ago in the users' zone: the unit is late (past MetricsdDailyUnitLate's 900 s) from the start,
             // and the next one is due in 23 hours.
             let dailyAt = try #require(
-                try await database.value("SELECT to_char(now() AT TIME ZONE 'Asia/Kathmandu' - interval '1 hour', 'HH24:MI')"))
+                try await database.value(
+                    "SELECT to_char(now() AT TIME ZONE 'Asia/Kathmandu' - interval '1 hour', 'HH24:MI')"))
             let port = DaemonProcess.freePort()
             let configuration = Self.prometheusConfiguration(
                 rules: package.rules, jobs: [PrometheusServer.scrapeJob("metricsd", target: "127.0.0.1:\(port)")])
@@ -98,7 +99,8 @@ import Testing
         let resolved = try await clock.waitUntilResolved(stallAlerts + takeover, timeout: .seconds(40))
         Self.expectResolved(stallAlerts, resolved, since: removed, window: 0, scenario: "monitoring-stall")
         // The takeover's counter rose once: the alert ends when that rise leaves its 15 s window.
-        Self.expectResolved(takeover, resolved, since: removed, window: 15 * 60 / Double(Self.scale), scenario: "monitoring-stall")
+        Self.expectResolved(
+            takeover, resolved, since: removed, window: 15 * 60 / Double(Self.scale), scenario: "monitoring-stall")
         healthy.signal(SIGTERM)
         #expect(await healthy.waitForExit() == 0)
     }
@@ -111,7 +113,9 @@ import Testing
     /// fires MetricsdReadServerNotUsed and resumed resolves it; the primary stopped fires MetricsdNotReady and
     /// started resolves it. Last, every dashboard panel's expression returns data, every vector selector of every
     /// alert finds series, and every family on `/metrics` is on a panel or in an alert.
-    @Test(.timeLimit(.minutes(5))) func silentWhenHealthyFiresOnALaggingStandbyAndALostDatabaseEveryPanelHasData() async throws {
+    @Test(.timeLimit(.minutes(5))) func silentWhenHealthyFiresOnALaggingStandbyAndALostDatabaseEveryPanelHasData()
+        async throws
+    {
         let package = try await MonitoringPackage.render(scale: Self.scale)
         try await MonitoringStack.run(rules: package.rules) { stack in
             try await stack.computeAndRecompute()
@@ -150,7 +154,9 @@ import Testing
             try await Task.sleep(for: poll)
         }
         let reads = try await stack.readCount().sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }
-        print("\(label): \(seconds) s, \(looks) looks at /api/v1/alerts, firing \(firing.sorted()), pending \(pending.sorted()); latest reads answered so far by status: \(reads)")
+        print(
+            "\(label): \(seconds) s, \(looks) looks at /api/v1/alerts, firing \(firing.sorted()), pending \(pending.sorted()); latest reads answered so far by status: \(reads)"
+        )
         return (firing, pending)
     }
 
@@ -195,7 +201,9 @@ import Testing
     /// would) returns at least one finite value; every vector selector of every alert finds series; every family on
     /// `/metrics` is read by a panel or an alert. Without `strict` it only prints what it found: a healthy run has
     /// no series of the failures the daemon counts from the first one on (`metricsd_work_failures_total`).
-    static func everyExpressionHasData(_ stack: MonitoringStack, package: MonitoringPackage, strict: Bool = true) async throws {
+    static func everyExpressionHasData(_ stack: MonitoringStack, package: MonitoringPackage, strict: Bool = true)
+        async throws
+    {
         let range = Int((ContinuousClock.now - stack.started).faultSeconds.rounded(.up))
         var empty: [String] = []
         for (title, expression) in try package.dashboardExpressions() {
@@ -212,12 +220,19 @@ import Testing
                 if try await stack.prometheus.query(selector).isEmpty { missing.append("\(alert.alert): \(selector)") }
             }
         }
-        print("monitoring-alerts: \(package.alerts.count) alerts, \(package.alerts.map(\.selectors.count).reduce(0, +)) selectors; without series: \(missing)")
-        #expect(!strict || missing.isEmpty, "alert selectors that find no series (a renamed metric?):\n\(missing.joined(separator: "\n"))")
+        print(
+            "monitoring-alerts: \(package.alerts.count) alerts, \(package.alerts.map(\.selectors.count).reduce(0, +)) selectors; without series: \(missing)"
+        )
+        #expect(
+            !strict || missing.isEmpty,
+            "alert selectors that find no series (a renamed metric?):\n\(missing.joined(separator: "\n"))")
         let families = Self.families(try await stack.metricsText())
         let shown = package.metricNames()
         let unshown = families.subtracting(shown).sorted()
-        #expect(!strict || unshown.isEmpty, "families on /metrics that no panel or alert reads: \(unshown): add a panel to systemd/prometheus/metricsd-monitoring.yml")
+        #expect(
+            !strict || unshown.isEmpty,
+            "families on /metrics that no panel or alert reads: \(unshown): add a panel to systemd/prometheus/metricsd-monitoring.yml"
+        )
     }
 
     /// `expression` with the dashboard's variables as Grafana fills them in: all jobs' and instances' values (the
@@ -232,11 +247,14 @@ import Testing
     // MARK: the healthy run with the production rules (scripts/monitoring-check)
 
     static let soakMinutes = Int(ProcessInfo.processInfo.environment["METRICSD_MONITORING_SOAK_MINUTES"] ?? "")
-    static let soakGate = "a healthy run of minutes with the production rules: scripts/monitoring-check sets METRICSD_MONITORING_SOAK_MINUTES"
+    static let soakGate =
+        "a healthy run of minutes with the production rules: scripts/monitoring-check sets METRICSD_MONITORING_SOAK_MINUTES"
 
     /// The live set-up with the committed, unscaled rules for `METRICSD_MONITORING_SOAK_MINUTES` minutes: no alert
     /// fires; then every panel's value is printed.
-    @Test(.enabled(if: MonitoringTests.soakMinutes != nil, Comment(rawValue: MonitoringTests.soakGate)), .timeLimit(.minutes(60)))
+    @Test(
+        .enabled(if: MonitoringTests.soakMinutes != nil, Comment(rawValue: MonitoringTests.soakGate)),
+        .timeLimit(.minutes(60)))
     func healthyRunWithTheProductionRules() async throws {
         let minutes = try #require(Self.soakMinutes)
         let package = try await MonitoringPackage.render(scale: 1)
@@ -246,7 +264,8 @@ import Testing
             var firing = Set<String>()
             for minute in 1...minutes {
                 let result = try await Self.healthyRun(
-                    stack, seconds: 60, poll: .seconds(5), label: "monitoring-soak: minute \(minute) of \(minutes), production rules")
+                    stack, seconds: 60, poll: .seconds(5),
+                    label: "monitoring-soak: minute \(minute) of \(minutes), production rules")
                 firing.formUnion(result.firing)
             }
             #expect(firing.isEmpty, "alerts fired in a healthy run with the production rules: \(firing.sorted())")
@@ -269,7 +288,10 @@ import Testing
             last = PrometheusScrape.series(try await HTTP.request(port: port, "/metrics").text)
             return condition(last)
         }
-        return try #require(seen, "\(what): not seen on /metrics within \(timeout); last: \(last.filter { $0.key.contains("daily") || $0.key.contains("taken_over") })")
+        return try #require(
+            seen,
+            "\(what): not seen on /metrics within \(timeout); last: \(last.filter { $0.key.contains("daily") || $0.key.contains("taken_over") })"
+        )
     }
 
     /// Each of `names` fired within its scaled `for:` plus ``reaction`` of `cause`.
@@ -286,9 +308,12 @@ import Testing
             }
             let seconds = (firing - cause).faultSeconds
             let pending = times.pending.map { String(format: "%.1f", ($0 - cause).faultSeconds) } ?? "-"
-            print("\(scenario): \(name) pending +\(pending) s, firing +\(String(format: "%.1f", seconds)) s after \(what) (for: \(String(format: "%g", forSeconds)) s; bound \(String(format: "%.1f", bound)) s)")
+            print(
+                "\(scenario): \(name) pending +\(pending) s, firing +\(String(format: "%.1f", seconds)) s after \(what) (for: \(String(format: "%g", forSeconds)) s; bound \(String(format: "%.1f", bound)) s)"
+            )
             #expect(seconds <= bound, "\(scenario): \(name) fired \(seconds) s after the fault (bound \(bound) s)")
-            #expect(seconds >= forSeconds - Self.scrapeSeconds, "\(scenario): \(name) fired before its for: (\(seconds) s)")
+            #expect(
+                seconds >= forSeconds - Self.scrapeSeconds, "\(scenario): \(name) fired before its for: (\(seconds) s)")
         }
     }
 
@@ -304,8 +329,12 @@ import Testing
             }
             let seconds = (gone - removed).faultSeconds
             let bound = window + Self.reaction + Self.slack
-            print("\(scenario): \(name) resolved +\(String(format: "%.1f", seconds)) s after the daemon showed the fault gone (bound \(String(format: "%.1f", bound)) s)")
-            #expect(seconds <= bound, "\(scenario): \(name) resolved \(seconds) s after the fault was gone (bound \(bound) s)")
+            print(
+                "\(scenario): \(name) resolved +\(String(format: "%.1f", seconds)) s after the daemon showed the fault gone (bound \(String(format: "%.1f", bound)) s)"
+            )
+            #expect(
+                seconds <= bound,
+                "\(scenario): \(name) resolved \(seconds) s after the fault was gone (bound \(bound) s)")
         }
     }
 }
@@ -379,7 +408,9 @@ struct MonitoringPackage: Decodable {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()
     /// The committed rules the package installs.
-    static var productionRules: String { Self.root.appendingPathComponent("systemd/prometheus/metricsd-alerts.yml").path }
+    static var productionRules: String {
+        Self.root.appendingPathComponent("systemd/prometheus/metricsd-alerts.yml").path
+    }
 
     /// Runs the generator into a scratch directory and reads what it wrote.
     static func render(scale: Int) async throws -> MonitoringPackage {
@@ -398,22 +429,29 @@ struct MonitoringPackage: Decodable {
     /// Every target of every panel of the shipped dashboard JSON, as (panel title, expression).
     func dashboardExpressions() throws -> [(String, String)] {
         let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: self.dashboard)))
-        let panels = try #require((object as? [String: Any])?["panels"] as? [[String: Any]], "no panels in \(self.dashboard)")
+        let panels = try #require(
+            (object as? [String: Any])?["panels"] as? [[String: Any]], "no panels in \(self.dashboard)")
         let expressions = panels.filter { $0["type"] as? String != "row" }.flatMap { panel in
             (panel["targets"] as? [[String: Any]] ?? []).compactMap { target in
                 (target["expr"] as? String).map { (panel["title"] as? String ?? "?", $0) }
             }
         }
-        #expect(Set(expressions.map(\.0)) == Set(self.panels.map(\.title)), "the dashboard JSON is not what the source gives: run scripts/gen-monitoring")
+        #expect(
+            Set(expressions.map(\.0)) == Set(self.panels.map(\.title)),
+            "the dashboard JSON is not what the source gives: run scripts/gen-monitoring")
         return expressions
     }
 
     /// The families the panels and alerts read (histogram series by their family's name).
     func metricNames() -> Set<String> {
-        let names = self.panels.flatMap(\.metrics) + self.alerts.flatMap(\.selectors).map { String($0.prefix { $0 != "{" }) }
-        return Set(names.map { name in
-            for suffix in ["_bucket", "_sum", "_count"] where name.hasSuffix(suffix) { return String(name.dropLast(suffix.count)) }
-            return name
-        })
+        let names =
+            self.panels.flatMap(\.metrics) + self.alerts.flatMap(\.selectors).map { String($0.prefix { $0 != "{" }) }
+        return Set(
+            names.map { name in
+                for suffix in ["_bucket", "_sum", "_count"] where name.hasSuffix(suffix) {
+                    return String(name.dropLast(suffix.count))
+                }
+                return name
+            })
     }
 }

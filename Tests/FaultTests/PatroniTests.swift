@@ -1,8 +1,8 @@
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdPostgres
+import MetricsdTestSupport
 import Synchronization
 import Testing
 
@@ -30,7 +30,9 @@ import Testing
         try await FaultDatabase(url: primary).execute("CREATE DATABASE metricsd")
         let url = try await cluster.url("primary", database: "metricsd")
         // Its own application_name, so that each member's pg_stat_activity tells the read sessions apart.
-        let members = try await cluster.url("members", database: "metricsd") + "&target_session_attrs=standby&application_name=metricsd-reads"
+        let members =
+            try await cluster.url("members", database: "metricsd")
+            + "&target_session_attrs=standby&application_name=metricsd-reads"
         try await Fault.migrate(url)
         let database = FaultDatabase(url: url)
         try await database.installAudit()
@@ -63,7 +65,8 @@ import Testing
         print("patroni: switchover: \(switchoverReads)")
         #expect(switchoverReads.ok > 0)
         #expect(switchoverReads.failureWindow < 25, "reads failed for \(switchoverReads.failureWindow) s")
-        try await Invariant.check(database, scenario: "patroni-switchover-daily", faults: 1, dailyVersion: 1).assertHolds()
+        try await Invariant.check(database, scenario: "patroni-switchover-daily", faults: 1, dailyVersion: 1)
+            .assertHolds()
 
         #expect(daemons.map(\.pid) == pids && daemons.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
         for daemon in daemons { daemon.signal(SIGTERM) }
@@ -93,18 +96,27 @@ import Testing
         let readiness = Self.watchReadiness(workers[0])
         let killed = try await cluster.run("kill-leader")
         let killedAt = ContinuousClock.now
-        let leader = try await cluster.run("wait-leader", "--not", killed.trimmingCharacters(in: .whitespacesAndNewlines), "--timeout", "60")
+        let leader = try await cluster.run(
+            "wait-leader", "--not", killed.trimmingCharacters(in: .whitespacesAndNewlines), "--timeout", "60")
         let ledAt = ContinuousClock.now
-        print("patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ledAt - killedAt) later")
+        print(
+            "patroni: \(killed.trimmingCharacters(in: .whitespacesAndNewlines)) killed; \(leader.trimmingCharacters(in: .whitespacesAndNewlines)) leads \(ledAt - killedAt) later"
+        )
         // /readyz truthful: 503 while no leader takes writes, 200 again once one does (within the pool's reconnect).
-        let readyAgain = await DaemonProcess.eventually(timeout: .seconds(30)) { (try? await workers[0].request("/readyz").status) == .ok }
+        let readyAgain = await DaemonProcess.eventually(timeout: .seconds(30)) {
+            (try? await workers[0].request("/readyz").status) == .ok
+        }
         readiness.cancel()
         let answers = await readiness.value
         let unready = answers.filter { $0.status != 200 }.map { ($0.at - killedAt).faultSeconds }
-        print("patroni: /readyz \(answers.count) answers, \(unready.count) not 200, from \(unready.first.map { String(format: "%.1f", $0) } ?? "-") to \(unready.last.map { String(format: "%.1f", $0) } ?? "-") s after the kill; leader at \(String(format: "%.1f", (ledAt - killedAt).faultSeconds)) s")
+        print(
+            "patroni: /readyz \(answers.count) answers, \(unready.count) not 200, from \(unready.first.map { String(format: "%.1f", $0) } ?? "-") to \(unready.last.map { String(format: "%.1f", $0) } ?? "-") s after the kill; leader at \(String(format: "%.1f", (ledAt - killedAt).faultSeconds)) s"
+        )
         #expect(readyAgain, "/readyz not 200 after the new leader:\n\(workers[0].log.suffix(2000))")
         #expect(!unready.isEmpty, "/readyz said 200 throughout while no primary answered")
-        #expect((unready.last ?? 0) <= (ledAt - killedAt).faultSeconds + 10, "/readyz not 200 until \(unready.last ?? 0) s after the kill")
+        #expect(
+            (unready.last ?? 0) <= (ledAt - killedAt).faultSeconds + 10,
+            "/readyz not 200 until \(unready.last ?? 0) s after the kill")
         let status = await cli.waitForExit(timeout: .seconds(180))
         #expect(status == 0, "recompute-all --wait:\n\(cli.log)")
         #expect(cli.log.contains("waiting for the database"), "\(cli.log)")
@@ -112,7 +124,8 @@ import Testing
         print("patroni: kill-leader: \(killReads)")
         #expect(killReads.failureWindow < 30, "reads failed for \(killReads.failureWindow) s")
         #expect(workers.map(\.pid) == workerPIDs && workers.allSatisfy { kill($0.pid, 0) == 0 }, "a daemon exited")
-        try await Invariant.check(database, scenario: "patroni-kill-leader-recompute", faults: 2, dailyVersion: 1).assertHolds()
+        try await Invariant.check(database, scenario: "patroni-kill-leader-recompute", faults: 2, dailyVersion: 1)
+            .assertHolds()
 
         // 3. The killed leader started again: Patroni rewinds it into a replica, and once it streams the daemons'
         // standby reads go to it again, and none to the leader.
@@ -127,7 +140,8 @@ extension PatroniTests {
     /// Restarts the killed member, waits until it streams, then: each daemon's read server is usable again within
     /// its read bound and probe, a burst of reads is answered with none by the primary, and the rejoined member
     /// holds the daemons' read sessions while the leader holds none.
-    static func rejoin(_ cluster: PatroniCluster, killed: String, leader: String, daemons: [DaemonProcess]) async throws {
+    static func rejoin(_ cluster: PatroniCluster, killed: String, leader: String, daemons: [DaemonProcess]) async throws
+    {
         let killedName = killed.trimmingCharacters(in: .whitespacesAndNewlines)
         let leaderName = leader.trimmingCharacters(in: .whitespacesAndNewlines)
         let restarted = ContinuousClock.now
@@ -137,18 +151,24 @@ extension PatroniTests {
         let rejoinedURL = try await cluster.url(killedName, database: "metricsd")
         let leaderURL = try await cluster.url(leaderName, database: "metricsd")
         // The member list is one read server per host, each labelled by its address.
-        let rejoinedServer = try #require(Self.address(rejoinedURL)), leaderServer = try #require(Self.address(leaderURL))
+        let rejoinedServer = try #require(Self.address(rejoinedURL))
+        let leaderServer = try #require(Self.address(leaderURL))
         let usable = await Fault.waitUntil(timeout: .seconds(60)) {
             for daemon in daemons {
                 let series = try await PrometheusScrape.scrape(daemon)
-                guard PrometheusScrape.value(series, "metricsd_read_server_usable", ["server": rejoinedServer]) == 1 else { return false }
+                guard PrometheusScrape.value(series, "metricsd_read_server_usable", ["server": rejoinedServer]) == 1
+                else { return false }
             }
             return true
         }
-        print("patroni: \(killedName) streaming \(streaming) after its restart; reads back on it \(usable.map { $0 - restarted } ?? .zero) after the restart")
-        try #require(usable != nil, "a daemon does not read from \(rejoinedServer) again:\n\(daemons[0].log.suffix(2000))")
+        print(
+            "patroni: \(killedName) streaming \(streaming) after its restart; reads back on it \(usable.map { $0 - restarted } ?? .zero) after the restart"
+        )
+        try #require(
+            usable != nil, "a daemon does not read from \(rejoinedServer) again:\n\(daemons[0].log.suffix(2000))")
 
-        let burst = try await cluster.run("psql", leaderName, "metricsd", "-Atc", "SELECT now()").trimmingCharacters(in: .whitespacesAndNewlines)
+        let burst = try await cluster.run("psql", leaderName, "metricsd", "-Atc", "SELECT now()").trimmingCharacters(
+            in: .whitespacesAndNewlines)
         let before = try await daemons.asyncMap { try await PrometheusScrape.scrape($0) }
         let users = Fault.validUserIDs(6000, count: 100)
         for (index, user) in users.enumerated() {
@@ -163,8 +183,10 @@ extension PatroniTests {
                     - (PrometheusScrape.value(old, "metricsd_read_server_reads_total", ["server": server]) ?? 0)
             }
             #expect(PrometheusScrape.value(new, "metricsd_read_server_usable", ["server": leaderServer]) == 0)
-            #expect(reads("primary") == 0 && reads(leaderServer) == 0 && reads(rejoinedServer) > 0,
-                    "reads by the primary \(reads("primary")), the leader \(reads(leaderServer)), the rejoined member \(reads(rejoinedServer))")
+            #expect(
+                reads("primary") == 0 && reads(leaderServer) == 0 && reads(rejoinedServer) > 0,
+                "reads by the primary \(reads("primary")), the leader \(reads(leaderServer)), the rejoined member \(reads(rejoinedServer))"
+            )
         }
         // On each member itself (psql: a standby refuses the test's own database handle, which wants a primary):
         // the daemons' read sessions, and those that ran the latest read since the burst began.
@@ -173,11 +195,15 @@ extension PatroniTests {
             FROM pg_stat_activity WHERE application_name = 'metricsd-reads' AND backend_type = 'client backend'
             """
         let count = { (member: String) in
-            try await cluster.run("psql", member, "metricsd", "-Atc", sessions).split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            try await cluster.run("psql", member, "metricsd", "-Atc", sessions).split(separator: " ").compactMap {
+                Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
         }
         let onRejoined = try await count(killedName)
         let onLeader = try await count(leaderName)
-        print("patroni: read sessions (all, reading since the burst) on the rejoined \(killedName) \(onRejoined), on the leader \(leaderName) \(onLeader)")
+        print(
+            "patroni: read sessions (all, reading since the burst) on the rejoined \(killedName) \(onRejoined), on the leader \(leaderName) \(onLeader)"
+        )
         #expect(onRejoined.count == 2 && onRejoined[1] >= 1, "\(onRejoined)")
         #expect(onLeader.count == 2 && onLeader[1] == 0, "\(onLeader)")
     }
@@ -220,7 +246,9 @@ final class ReadLoad: Sendable {
         var first: ContinuousClock.Instant?
         var last: ContinuousClock.Instant?
         var failureWindow: Double { self.first.flatMap { first in self.last.map { ($0 - first).faultSeconds } } ?? 0 }
-        var description: String { "reads \(self.ok) × 200, \(self.failed) failed within \(String(format: "%.1f", self.failureWindow)) s" }
+        var description: String {
+            "reads \(self.ok) × 200, \(self.failed) failed within \(String(format: "%.1f", self.failureWindow)) s"
+        }
     }
 
     private final class Flag: Sendable {
@@ -249,7 +277,9 @@ final class ReadLoad: Sendable {
         }
     }
 
-    private static func read(worker: Int, daemons: [DaemonProcess], users: [Int64], until stopping: Flag) async -> Outcome {
+    private static func read(worker: Int, daemons: [DaemonProcess], users: [Int64], until stopping: Flag) async
+        -> Outcome
+    {
         var outcome = Outcome()
         var index = worker
         while !stopping.raised.load(ordering: .relaxed) {

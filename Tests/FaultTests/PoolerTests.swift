@@ -1,8 +1,8 @@
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdPostgres
+import MetricsdTestSupport
 import Synchronization
 import Testing
 
@@ -48,12 +48,17 @@ import Testing
                 #expect(failed.isEmpty, "non-200 answers: \(failed.prefix(10))")
                 for user in [7, 11, 13] {
                     let seconds = try await Self.changeAndWait(database, user: user)
-                    #expect(seconds != nil && seconds! < 1, "user \(user): settings change visible after \(String(describing: seconds)) s")
+                    #expect(
+                        seconds != nil && seconds! < 1,
+                        "user \(user): settings change visible after \(String(describing: seconds)) s")
                 }
                 let started = ContinuousClock.now
                 let cli = try await Subprocess.run(
                     try DaemonProcess.binary(), ["recompute-all", "--wait"],
-                    environment: ["DATABASE_URL": pooled, "METRICSD_NOTIFY_DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
+                    environment: [
+                        "DATABASE_URL": pooled, "METRICSD_NOTIFY_DATABASE_URL": database.url,
+                        "METRICSD_TEST_FORMULA_VERSION": "2",
+                    ])
                 #expect(cli.status == 0, "\(cli.output)")
                 print("pooler-transaction: recompute-all --wait \(ContinuousClock.now - started)")
                 for daemon in daemons {
@@ -62,9 +67,13 @@ import Testing
                 }
                 let logs = daemons.map(\.log).joined() + cli.output
                 #expect(!logs.contains("prepared statement"), "\(logs.suffix(3000))")
-                #expect(!bouncer.log.contains("when not linked"), "PgBouncer dropped notifications:\n\(bouncer.log.suffix(2000))")
-                #expect(try await database.value(
-                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+                #expect(
+                    !bouncer.log.contains("when not linked"),
+                    "PgBouncer dropped notifications:\n\(bouncer.log.suffix(2000))")
+                #expect(
+                    try await database.value(
+                        "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                    ) == "0")
             }
         }
     }
@@ -75,7 +84,8 @@ import Testing
         try await withTestDatabase { database in
             try await withPgBouncer(.transaction) { bouncer in
                 try await database.execute(Fault.seedSQL(count: 200, zones: ["UTC"]))
-                let daemon = try Self.start(bouncer.url(database: database.name), extra: ["METRICSD_IDLE_POLL_SECONDS": "1"])
+                let daemon = try Self.start(
+                    bouncer.url(database: database.name), extra: ["METRICSD_IDLE_POLL_SECONDS": "1"])
                 defer { daemon.signal(SIGKILL) }
                 try await daemon.waitUntilReady()
                 let computed = await DaemonProcess.eventually(timeout: .seconds(60)) {
@@ -83,17 +93,22 @@ import Testing
                 }
                 try #require(computed, "\(daemon.log.suffix(2000))")
                 let polling = await DaemonProcess.eventually(timeout: .seconds(10)) {
-                    ((try? await daemon.request("/readyz").json())?["notifications"] as? String)?.hasPrefix("polling every 1 s: DATABASE_URL goes through a connection pooler") == true
+                    ((try? await daemon.request("/readyz").json())?["notifications"] as? String)?.hasPrefix(
+                        "polling every 1 s: DATABASE_URL goes through a connection pooler") == true
                 }
                 let readyz = (try? await daemon.request("/readyz").text) ?? ""
                 #expect(polling, "\(readyz)")
-                #expect(daemon.log.contains("Notifications do not arrive; polling for settings changes"), "\(daemon.log.suffix(2000))")
+                #expect(
+                    daemon.log.contains("Notifications do not arrive; polling for settings changes"),
+                    "\(daemon.log.suffix(2000))")
                 let scraped = try await PrometheusScrape.scrape(daemon)
                 #expect(PrometheusScrape.value(scraped, "metricsd_notifications_usable", [:]) == 0)
                 for user in [3, 5] {
                     let seconds = try await Self.changeAndWait(database, user: user)
                     // One poll interval, plus the refresh itself.
-                    #expect(seconds != nil && seconds! < 1.5, "user \(user): settings change visible after \(String(describing: seconds)) s")
+                    #expect(
+                        seconds != nil && seconds! < 1.5,
+                        "user \(user): settings change visible after \(String(describing: seconds)) s")
                 }
                 daemon.signal(SIGTERM)
                 #expect(await daemon.waitForExit() == 0)
@@ -123,7 +138,8 @@ import Testing
                 defer { for daemon in [a, b] { daemon.signal(SIGKILL) } }
                 let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                     let running = try await database.int(
-                        "SELECT count(*) FROM work_chunks WHERE state = 'running' AND lease_owner IS NOT NULL AND cursor_user_id > range_start")
+                        "SELECT count(*) FROM work_chunks WHERE state = 'running' AND lease_owner IS NOT NULL AND cursor_user_id > range_start"
+                    )
                     let rows = try await database.int("SELECT count(*) FROM profile_metrics")
                     return running >= 2 && rows >= 800
                 }
@@ -137,7 +153,8 @@ import Testing
                 #expect(try await Fault.leaseViolations(database) == 0, "a chunk was taken over under a live lease")
                 b.signal(SIGTERM)
                 #expect(await b.waitForExit() == 0)
-                let report = try await Invariant.check(database, scenario: "pooler-kill-9-daily", faults: 1, dailyVersion: 1)
+                let report = try await Invariant.check(
+                    database, scenario: "pooler-kill-9-daily", faults: 1, dailyVersion: 1)
                 report.assertHolds()
                 #expect(!(a.log + b.log).contains("prepared statement"), "\((a.log + b.log).suffix(3000))")
             }
@@ -165,14 +182,17 @@ import Testing
                 ]
                 let trigger = try await Subprocess.run(
                     try DaemonProcess.binary(), ["recompute-all"],
-                    environment: ["DATABASE_URL": pooled, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "2000"])
+                    environment: [
+                        "DATABASE_URL": pooled, "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_CHUNK_SIZE": "2000",
+                    ])
                 try #require(trigger.status == 0, "\(trigger.output)")
 
                 let a = try Fault.start(pooled, dailyAt: dailyAt, extra: extra)
                 defer { a.signal(SIGKILL) }
                 let midway = await Fault.waitUntil(timeout: .seconds(60)) {
                     let running = try await database.int(
-                        "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start")
+                        "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'running' AND cursor_user_id > range_start"
+                    )
                     let rows = try await database.int("SELECT count(*) FROM profile_metrics WHERE version = 2")
                     return running == 2 && rows >= 800
                 }
@@ -192,7 +212,8 @@ import Testing
 
                 let users = Array(Fault.validUserIDs(4000, count: 20))
                 for user in users {
-                    let today = try await b.request("/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(user)))
+                    let today = try await b.request(
+                        "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(user)))
                     try #require(today.status == .ok, "user \(user): \(today.status) \(today.text)")
                     let metrics = try #require(try today.json()["data"] as? [String: Any])["metrics"] as? [String: Any]
                     let version = try #require(metrics?["version"] as? Int)
@@ -201,8 +222,11 @@ import Testing
                     let body = #"{"version":\#(version),"metricsComputedAt":"\#(computedAt)"}"#
                     let headers = TestTokens.bearer(TestTokens.user(user)).merging([.contentType: "application/json"])
                     for attempt in 0..<2 {
-                        let ack = try await b.request("/v1/profile/metrics/acknowledge", method: .post, headers: headers, body: body)
-                        #expect(ack.status == .ok, "user \(user), acknowledgement \(attempt + 1): \(ack.status) \(ack.text)")
+                        let ack = try await b.request(
+                            "/v1/profile/metrics/acknowledge", method: .post, headers: headers, body: body)
+                        #expect(
+                            ack.status == .ok, "user \(user), acknowledgement \(attempt + 1): \(ack.status) \(ack.text)"
+                        )
                     }
                 }
                 let stored = try await database.int(
@@ -215,7 +239,8 @@ import Testing
                 b.signal(SIGTERM)
                 #expect(await b.waitForExit() == 0)
                 try await Invariant.check(database, scenario: "pooler-kill-9-recompute", faults: 1).assertHolds()
-                #expect(!(a.log + b.log + trigger.output).contains("prepared statement"), "\((a.log + b.log).suffix(3000))")
+                #expect(
+                    !(a.log + b.log + trigger.output).contains("prepared statement"), "\((a.log + b.log).suffix(3000))")
                 #expect(!bouncer.log.contains("when not linked"), "\(bouncer.log.suffix(2000))")
             }
         }
@@ -232,10 +257,12 @@ import Testing
             let refused = try await Subprocess.run(
                 try DaemonProcess.binary(), ["migrate"], environment: ["DATABASE_URL": bouncer.url(database: name)])
             #expect(refused.status == 1)
-            #expect(refused.output.contains("set METRICSD_NOTIFY_DATABASE_URL to PostgreSQL itself"), "\(refused.output)")
+            #expect(
+                refused.output.contains("set METRICSD_NOTIFY_DATABASE_URL to PostgreSQL itself"), "\(refused.output)")
             let leftover = FaultDatabase(url: TestDatabase.url(try TestDatabase.serverURL(), database: name))
             #expect(try await leftover.int("SELECT count(*) FROM metricsd_migration_claims") == 0)
-            _ = try? await Subprocess.run(bouncer.script, ["pgbouncer", "admin", bouncer.directory, "-c", "KILL \(name)"])
+            _ = try? await Subprocess.run(
+                bouncer.script, ["pgbouncer", "admin", bouncer.directory, "-c", "KILL \(name)"])
             try? await TestDatabase.admin { try $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
             for round in 1...3 {
                 let name = "pooler_migrate_\(round)_" + UUID().uuidString.prefix(8).lowercased()
@@ -254,7 +281,8 @@ import Testing
                 let held = try await database.int(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = x'6d657472'::int")
                 #expect(held == 0, "round \(round): the migration lock is still held")
-                _ = try? await Subprocess.run(bouncer.script, ["pgbouncer", "admin", bouncer.directory, "-c", "KILL \(name)"])
+                _ = try? await Subprocess.run(
+                    bouncer.script, ["pgbouncer", "admin", bouncer.directory, "-c", "KILL \(name)"])
                 try? await TestDatabase.admin { try $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
             }
         }
@@ -278,7 +306,8 @@ import Testing
                 let failed = try await Self.reads(200, daemons: [daemon], users: 1...49)
                 #expect(failed.isEmpty, "non-200 answers: \(failed.prefix(10))")
                 let seconds = try await Self.changeAndWait(database, user: 3)
-                #expect(seconds != nil && seconds! < 1, "settings change visible after \(String(describing: seconds)) s")
+                #expect(
+                    seconds != nil && seconds! < 1, "settings change visible after \(String(describing: seconds)) s")
                 daemon.signal(SIGTERM)
                 #expect(await daemon.waitForExit() == 0)
                 #expect(!daemon.log.contains("prepared statement"))
@@ -295,19 +324,31 @@ import Testing
                 let pooled = bouncer.url(database: database.name)
                 let named = try await Self.checkConfig(pooled, extra: ["METRICSD_DB_PREPARED_STATEMENTS": "named"])
                 #expect(named.status == 78, "\(named.output)")  // EX_CONFIG
-                #expect(named.output.contains("shares server sessions between clients (transaction pooling); it does not carry named statements"), "\(named.output)")
-                #expect(named.output.contains("METRICSD_DB_PREPARED_STATEMENTS: named prepared statements fail through this pooler"), "\(named.output)")
-                #expect(named.output.contains("warning: METRICSD_NOTIFY_DATABASE_URL: not set while DATABASE_URL goes through a pooler"), "\(named.output)")
+                #expect(
+                    named.output.contains(
+                        "shares server sessions between clients (transaction pooling); it does not carry named statements"
+                    ), "\(named.output)")
+                #expect(
+                    named.output.contains(
+                        "METRICSD_DB_PREPARED_STATEMENTS: named prepared statements fail through this pooler"),
+                    "\(named.output)")
+                #expect(
+                    named.output.contains(
+                        "warning: METRICSD_NOTIFY_DATABASE_URL: not set while DATABASE_URL goes through a pooler"),
+                    "\(named.output)")
                 let options = try await Self.checkConfig(pooled + "&options=-c%20jit%3Doff", extra: [:])
                 #expect(options.status == 78)
-                #expect(options.output.contains("unsupported startup parameter") && options.output.contains("remove options from DATABASE_URL"), "\(options.output)")
+                #expect(
+                    options.output.contains("unsupported startup parameter")
+                        && options.output.contains("remove options from DATABASE_URL"), "\(options.output)")
                 let auto = try await Self.checkConfig(pooled, extra: ["METRICSD_NOTIFY_DATABASE_URL": database.url])
                 #expect(auto.status == 0, "\(auto.output)")
             }
             try await withPgBouncer(.session) { bouncer in
                 let session = try await Self.checkConfig(
                     bouncer.url(database: database.name), extra: ["METRICSD_DB_PREPARED_STATEMENTS": "named"])
-                #expect(session.output.contains("keeps a server session per client (session pooling)"), "\(session.output)")
+                #expect(
+                    session.output.contains("keeps a server session per client (session pooling)"), "\(session.output)")
                 #expect(!session.output.contains("named prepared statements fail"), "\(session.output)")
             }
         }
@@ -339,7 +380,9 @@ import Testing
                         let id = ids[index % ids.count]
                         let response = try await daemons[index % daemons.count].request(
                             "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(id)))
-                        if response.status != .ok { failed.append("\(id): \(response.status) \(response.text.prefix(200))") }
+                        if response.status != .ok {
+                            failed.append("\(id): \(response.status) \(response.text.prefix(200))")
+                        }
                     }
                     return failed
                 }
@@ -353,7 +396,8 @@ import Testing
         let newest = "SELECT max(computed_at)::text FROM profile_metrics WHERE user_id = \(user)"
         let before = try await database.scalar(newest)
         let changed = ContinuousClock.now
-        try await database.run("UPDATE user_settings SET current_weight = 45 + (current_weight + 0.25) % 80 WHERE user_id = \(user)")
+        try await database.run(
+            "UPDATE user_settings SET current_weight = 45 + (current_weight + 0.25) % 80 WHERE user_id = \(user)")
         let refreshed = await Fault.waitUntil(timeout: .seconds(10), poll: .milliseconds(20)) {
             try await database.scalar(newest) != before
         }
@@ -376,7 +420,8 @@ extension TestDatabase: PoolerTestDatabase {
 func withPgBouncer<T>(
     _ mode: PgBouncer.Mode, lines: [String] = [], _ body: (PgBouncer) async throws -> T
 ) async throws -> T {
-    let bouncer = try await PgBouncer.start(mode.rawValue, upstreamPort: try TestDatabase.serverPort(), mode: mode, lines: lines)
+    let bouncer = try await PgBouncer.start(
+        mode.rawValue, upstreamPort: try TestDatabase.serverPort(), mode: mode, lines: lines)
     do {
         let value = try await body(bouncer)
         await bouncer.destroy()

@@ -1,6 +1,6 @@
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
+import MetricsdTestSupport
 import Testing
 
 /// The real `metricsd` binary reading the latest metrics from streaming standbys: a primary and two asynchronous
@@ -47,15 +47,21 @@ import Testing
             let spread = try await Self.load(set, daemon: daemon, script: script, seconds: 6)
             let total = spread.rows.reduce(0, +)
             let shares = spread.rows.map { total > 0 ? Double($0) / Double(total) : 0 }
-            print("standby-reads: \(spread.wrk.summary); rows read by the latest-read statements (pg_stat_statements): primary \(spread.rows[0]), standby 1 \(spread.rows[1]), standby 2 \(spread.rows[2]); on the standbys \(Self.percent(shares[1] + shares[2]))")
+            print(
+                "standby-reads: \(spread.wrk.summary); rows read by the latest-read statements (pg_stat_statements): primary \(spread.rows[0]), standby 1 \(spread.rows[1]), standby 2 \(spread.rows[2]); on the standbys \(Self.percent(shares[1] + shares[2]))"
+            )
             #expect(spread.wrk.statuses.keys.sorted() == [200], "statuses: \(spread.wrk.statuses)")
-            #expect(total >= spread.wrk.requests / 2, "the statements' rows (\(total)) do not account for the requests (\(spread.wrk.requests))")
+            #expect(
+                total >= spread.wrk.requests / 2,
+                "the statements' rows (\(total)) do not account for the requests (\(spread.wrk.requests))")
             #expect(shares[1] >= 0.25 && shares[2] >= 0.25, "each standby serves a share: \(shares)")
             #expect(shares[0] <= 0.05, "the primary served \(Self.percent(shares[0])) of the reads")
 
             // 2. A settings change is visible within the bound of its commit.
             let change = try await Self.changeSettings(database, daemon: daemon, user: 7, weight: "77.25")
-            print("standby-settings: recomputed \(Fault.format(change.committed)) s after the change, visible \(Fault.format(change.visible)) s after that")
+            print(
+                "standby-settings: recomputed \(Fault.format(change.committed)) s after the change, visible \(Fault.format(change.visible)) s after that"
+            )
             #expect(change.visible <= Self.bound + Self.slack, "visible \(change.visible) s after the commit")
 
             // 3. Replay paused on both standbys. Within the bound they are still read from: a user computed
@@ -65,17 +71,24 @@ import Testing
             let paused = ContinuousClock.now
             let elsewhere = try await Self.computedElsewhere(database, daemon: daemon, user: 900_001)
             let elsewhereSeconds = (ContinuousClock.now - paused).faultSeconds
-            print("standby-elsewhere: a user with a row on the primary only, read \(Fault.format(elsewhereSeconds)) s after the pause: \(elsewhere.fallbacks) read again on the primary, computedAt kept: \(elsewhere.kept), writes \(elsewhere.writes)")
+            print(
+                "standby-elsewhere: a user with a row on the primary only, read \(Fault.format(elsewhereSeconds)) s after the pause: \(elsewhere.fallbacks) read again on the primary, computedAt kept: \(elsewhere.kept), writes \(elsewhere.writes)"
+            )
             #expect(elsewhere.kept && elsewhere.writes == 0, "the row computed elsewhere was computed again")
-            #expect(elsewhere.fallbacks >= 1, "not read on a standby first (\(Fault.format(elsewhereSeconds)) s after the pause)")
+            #expect(
+                elsewhere.fallbacks >= 1,
+                "not read on a standby first (\(Fault.format(elsewhereSeconds)) s after the pause)")
             //    Then reads go to the primary and show fresh values.
             let fresh = try await Self.changeSettings(database, daemon: daemon, user: 11, weight: "66.5")
             let left = await Fault.waitUntil(timeout: .seconds(20), poll: .milliseconds(50)) {
                 try await Self.usable(daemon, [set.label(first), set.label(second)]) == [false, false]
             }
-            let leftSeconds = try #require(left.map { ($0 - paused).faultSeconds }, "paused standbys still in use:\n\(daemon.log.suffix(2000))")
+            let leftSeconds = try #require(
+                left.map { ($0 - paused).faultSeconds }, "paused standbys still in use:\n\(daemon.log.suffix(2000))")
             let lagging = try await Self.load(set, daemon: daemon, script: script, seconds: 3)
-            print("standby-paused: left \(Fault.format(leftSeconds)) s after the pause (bound \(Int(Self.bound)) s); a change recomputed then was visible \(Fault.format(fresh.visible)) s after its commit; rows read since: primary \(lagging.rows[0]), standbys \(lagging.rows[1]) and \(lagging.rows[2]); \(lagging.wrk.summary)")
+            print(
+                "standby-paused: left \(Fault.format(leftSeconds)) s after the pause (bound \(Int(Self.bound)) s); a change recomputed then was visible \(Fault.format(fresh.visible)) s after its commit; rows read since: primary \(lagging.rows[0]), standbys \(lagging.rows[1]) and \(lagging.rows[2]); \(lagging.wrk.summary)"
+            )
             #expect(fresh.visible <= Self.bound + Self.slack, "fresh values \(fresh.visible) s after the commit")
             #expect(leftSeconds <= Self.bound + 2, "left \(leftSeconds) s after the pause")
             #expect(lagging.rows[1] == 0 && lagging.rows[2] == 0, "paused standbys still read: \(lagging.rows)")
@@ -87,7 +100,8 @@ import Testing
             let back = await Fault.waitUntil(timeout: .seconds(30), poll: .milliseconds(50)) {
                 try await Self.usable(daemon, [set.label(first), set.label(second)]) == [true, true]
             }
-            let backSeconds = try #require(back.map { ($0 - resumed).faultSeconds }, "standbys not used again:\n\(daemon.log.suffix(2000))")
+            let backSeconds = try #require(
+                back.map { ($0 - resumed).faultSeconds }, "standbys not used again:\n\(daemon.log.suffix(2000))")
             print("standby-paused: used again \(Fault.format(backSeconds)) s after replay resumed")
 
             // 4. A standby stopped under load: no failed request; used again once restarted.
@@ -100,15 +114,20 @@ import Testing
             }
             let goneSeconds = try #require(gone.map { ($0 - stopped).faultSeconds }, "a stopped standby still in use")
             let underStop = try await stoppedLoad
-            #expect(underStop.statuses.keys.sorted() == [200], "requests failed while a standby stopped: \(underStop.statuses)")
+            #expect(
+                underStop.statuses.keys.sorted() == [200],
+                "requests failed while a standby stopped: \(underStop.statuses)")
             try await second.start()
             let restarted = ContinuousClock.now
             let again = await Fault.waitUntil(timeout: .seconds(30), poll: .milliseconds(50)) {
                 try await Self.usable(daemon, set.label(second))
             }
-            let againSeconds = try #require(again.map { ($0 - restarted).faultSeconds }, "restarted standby not used:\n\(daemon.log.suffix(2000))")
+            let againSeconds = try #require(
+                again.map { ($0 - restarted).faultSeconds }, "restarted standby not used:\n\(daemon.log.suffix(2000))")
             let afterRestart = try await Self.load(set, daemon: daemon, script: script, seconds: 3)
-            print("standby-stopped: \(underStop.summary); left \(Fault.format(goneSeconds)) s after the stop, used again \(Fault.format(againSeconds)) s after the restart; rows read since: primary \(afterRestart.rows[0]), standbys \(afterRestart.rows[1]) and \(afterRestart.rows[2])")
+            print(
+                "standby-stopped: \(underStop.summary); left \(Fault.format(goneSeconds)) s after the stop, used again \(Fault.format(againSeconds)) s after the restart; rows read since: primary \(afterRestart.rows[0]), standbys \(afterRestart.rows[1]) and \(afterRestart.rows[2])"
+            )
             #expect(goneSeconds <= Self.bound, "left \(goneSeconds) s after the stop")
             #expect(afterRestart.rows[2] > 0, "the restarted standby serves no reads: \(afterRestart.rows)")
 
@@ -124,7 +143,9 @@ import Testing
             #expect(onboarded.status == 200, "\(onboarded)")
             try await Task.sleep(for: .seconds(2))  // the settings listener's turn: it must find the row current
             let again2 = try await API.today(port: daemon.port, user: 900_002)
-            #expect(again2.status == 200 && again2.json?["data"]?["metrics"] == onboarded.json?["data"]?["metrics"], "\(again2)")
+            #expect(
+                again2.status == 200 && again2.json?["data"]?["metrics"] == onboarded.json?["data"]?["metrics"],
+                "\(again2)")
             let onboardedWrites = try await database.int("SELECT count(*) FROM fault_audit WHERE user_id = 900002")
             print("standby-onboarded: first request \(onboarded.status), rows written \(onboardedWrites)")
             #expect(onboardedWrites == 1, "a just-onboarded user was written \(onboardedWrites) times")
@@ -137,7 +158,9 @@ import Testing
             let listed = await Fault.waitUntil(timeout: .seconds(25), poll: .seconds(1)) {
                 let status = try await Subprocess.run(
                     try DaemonProcess.binary(), ["status"],
-                    environment: ["DATABASE_URL": url, "METRICSD_ENV_FILE": "-/nonexistent", "METRICSD_CREDSTORE": "/nonexistent"])
+                    environment: [
+                        "DATABASE_URL": url, "METRICSD_ENV_FILE": "-/nonexistent", "METRICSD_CREDSTORE": "/nonexistent",
+                    ])
                 return status.output.contains(set.label(first)) && status.output.contains(set.label(second))
                     && status.output.contains("in use") && status.output.contains("SHARE")
             }
@@ -154,7 +177,9 @@ import Testing
             #expect(check.status == 0, "\(check.stdout)\n\(check.stderr)")
             for standby in set.standbys {
                 #expect(
-                    check.stdout.contains("  read server:  \(set.label(standby)): standby, schema current; replayed the primary's present position within "),
+                    check.stdout.contains(
+                        "  read server:  \(set.label(standby)): standby, schema current; replayed the primary's present position within "
+                    ),
                     "\(check.stdout)")
             }
             #expect(daemon.process.isRunning)
@@ -204,7 +229,8 @@ import Testing
     }
 
     static func computedAt(_ reply: APIReply) -> Int64? {
-        reply.json?["data"]?["metrics"]?["computedAt"]?.string.flatMap { Timestamp(iso8601: $0) }?.millisecondsSinceEpoch
+        reply.json?["data"]?["metrics"]?["computedAt"]?.string.flatMap { Timestamp(iso8601: $0) }?
+            .millisecondsSinceEpoch
     }
 
     /// The primary's newest row of `user`: computed_at in epoch milliseconds, as the API shows it.
@@ -217,9 +243,11 @@ import Testing
 
     /// Changes `user`'s weight, waits for the daemon to recompute the row on the primary, then reads until the API
     /// shows it: seconds from the change to the commit seen on the primary, and from there to the API showing it.
-    static func changeSettings(_ database: FaultDatabase, daemon: DaemonProcess, user: Int64, weight: String) async throws -> (
-        committed: Double, visible: Double
-    ) {
+    static func changeSettings(_ database: FaultDatabase, daemon: DaemonProcess, user: Int64, weight: String)
+        async throws -> (
+            committed: Double, visible: Double
+        )
+    {
         let before = try await Self.primaryComputedAt(database, user: user)
         let changed = ContinuousClock.now
         try await database.execute("UPDATE user_settings SET current_weight = \(weight) WHERE user_id = \(user)")
@@ -242,7 +270,9 @@ import Testing
     static func computedElsewhere(_ database: FaultDatabase, daemon: DaemonProcess, user: Int64) async throws -> (
         kept: Bool, writes: Int, fallbacks: Int
     ) {
-        let before = PrometheusScrape.value(try await PrometheusScrape.scrape(daemon), "metricsd_read_fallbacks_total", ["reason": "missing"]) ?? 0
+        let before =
+            PrometheusScrape.value(
+                try await PrometheusScrape.scrape(daemon), "metricsd_read_fallbacks_total", ["reason": "missing"]) ?? 0
         try await database.execute(
             """
             SET session_replication_role = replica;
@@ -256,7 +286,9 @@ import Testing
             """)
         let stored = try await Self.primaryComputedAt(database, user: user)
         let reply = try await API.today(port: daemon.port, user: user)
-        let after = PrometheusScrape.value(try await PrometheusScrape.scrape(daemon), "metricsd_read_fallbacks_total", ["reason": "missing"]) ?? 0
+        let after =
+            PrometheusScrape.value(
+                try await PrometheusScrape.scrape(daemon), "metricsd_read_fallbacks_total", ["reason": "missing"]) ?? 0
         let writes = try await database.int("SELECT count(*) FROM fault_audit WHERE user_id = \(user)")
         return (reply.status == 200 && Self.computedAt(reply) == stored, writes, Int(after - before))
     }
@@ -269,7 +301,9 @@ import Testing
         let version = Int(old.json?["data"]?["metrics"]?["version"]?.int ?? 1)
         let change = try await Self.changeSettings(database, daemon: daemon, user: user, weight: "70.75")
         let stale = try await API.acknowledge(port: daemon.port, user: user, version: version, computedAt: oldAt)
-        #expect(stale.status == 404 && stale.text.contains("updated"), "acknowledging the row before the recompute: \(stale)")
+        #expect(
+            stale.status == 404 && stale.text.contains("updated"),
+            "acknowledging the row before the recompute: \(stale)")
         let current = try await API.today(port: daemon.port, user: user)
         let newAt = try #require(current.json?["data"]?["metrics"]?["computedAt"]?.string, "\(current)")
         #expect(newAt != oldAt)
@@ -280,7 +314,9 @@ import Testing
             try await API.today(port: daemon.port, user: user).json?["data"]?["acknowledged"]?.bool == true
         }
         let shownSeconds = try #require(shown.map { ($0 - acked).faultSeconds }, "the acknowledgement never showed")
-        print("standby-acknowledge: the old row's acknowledgement \(stale.status), the new row (visible \(Fault.format(change.visible)) s after its commit) acknowledged \(acknowledged.status), shown \(Fault.format(shownSeconds)) s later")
+        print(
+            "standby-acknowledge: the old row's acknowledgement \(stale.status), the new row (visible \(Fault.format(change.visible)) s after its commit) acknowledged \(acknowledged.status), shown \(Fault.format(shownSeconds)) s later"
+        )
         #expect(shownSeconds <= Self.bound + Self.slack, "the acknowledgement showed \(shownSeconds) s later")
     }
 

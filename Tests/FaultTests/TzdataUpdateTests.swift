@@ -1,6 +1,6 @@
-import MetricsdTestSupport
 import Foundation
 import MetricsdPostgres
+import MetricsdTestSupport
 import Testing
 
 /// New time zone rules installed while the daemon runs (a tzdata update on the database server).
@@ -37,7 +37,8 @@ import Testing
     @Test func aRuleChangeIsFollowedWithinTheSessionMaxAge() async throws {
         try #require(
             FileManager.default.isWritableFile(atPath: Self.zoneinfo),
-            "\(Self.zoneinfo) must be writable to install a test zone (run the tests as root, as scripts/test does in CI)")
+            "\(Self.zoneinfo) must be writable to install a test zone (run the tests as root, as scripts/test does in CI)"
+        )
         let directory = "MetricsdTest" + String(UInt32.random(in: .min ... .max), radix: 16)
         let name = directory + "/Zone"
         defer { try? FileManager.default.removeItem(atPath: Self.zoneinfo + "/" + directory) }
@@ -89,12 +90,16 @@ import Testing
 
             let followed = await DaemonProcess.eventually(timeout: .seconds(30)) { await rowsFor(tomorrow) == "3" }
             let elapsed = ContinuousClock.now - changed
-            #expect(followed, "the next date's rows (\(tomorrow)) were not written; daemon output:\n\(daemon.log.suffix(2000))")
+            #expect(
+                followed,
+                "the next date's rows (\(tomorrow)) were not written; daemon output:\n\(daemon.log.suffix(2000))")
             // The bound: 3 s session age + 1 s tick; the rest is slack for a loaded machine.
             #expect(elapsed < .seconds(15), "followed the new rules after \(elapsed)")
             print("TzdataUpdateTests: new rules followed after \(elapsed)")
-            #expect(try await database.value(
-                "SELECT count(*) FROM daily_units WHERE timezone = $1 AND local_date = $2::date", [name, tomorrow]) == "1")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM daily_units WHERE timezone = $1 AND local_date = $2::date", [name, tomorrow])
+                    == "1")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)
         }

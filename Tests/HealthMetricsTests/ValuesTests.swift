@@ -50,11 +50,23 @@ import Testing
     @Test func explanationsWordForWord() {
         let metrics = ComputedMetrics(bmiTenths: 332, bmr: 1929, tdee: 2652, version: 1)
         let generic = Explanations(metrics)
-        #expect(generic.bmi == "Your BMI is 33.2, which the World Health Organization classifies as obesity class I (30.0 to 34.9). BMI compares weight with height and does not tell muscle from fat.")
-        #expect(generic.bmr == "Your body uses about 1929 kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender).")
-        #expect(generic.tdee == "You burn about 2652 kcal a day for your activity level (total daily energy expenditure). Eating about this much keeps your weight stable.")
+        #expect(
+            generic.bmi
+                == "Your BMI is 33.2, which the World Health Organization classifies as obesity class I (30.0 to 34.9). BMI compares weight with height and does not tell muscle from fat."
+        )
+        #expect(
+            generic.bmr
+                == "Your body uses about 1929 kcal a day at complete rest (basal metabolic rate, Mifflin–St Jeor equation from your weight, height, age and gender)."
+        )
+        #expect(
+            generic.tdee
+                == "You burn about 2652 kcal a day for your activity level (total daily energy expenditure). Eating about this much keeps your weight stable."
+        )
         let named = Explanations(metrics, activityLevel: .lightlyActive)
-        #expect(named.tdee == "You burn about 2652 kcal a day for a \(ActivityLevel.lightlyActive.phrase) lifestyle (total daily energy expenditure). Eating about this much keeps your weight stable.")
+        #expect(
+            named.tdee
+                == "You burn about 2652 kcal a day for a \(ActivityLevel.lightlyActive.phrase) lifestyle (total daily energy expenditure). Eating about this much keeps your weight stable."
+        )
         #expect(named.bmi == generic.bmi && named.bmr == generic.bmr)
     }
 
@@ -147,9 +159,10 @@ import Testing
                 let explanations = Explanations(
                     ComputedMetrics(bmiTenths: tenths, bmr: 1650, tdee: 2475, version: 1), activityLevel: level)
                 for sentence in [explanations.bmi, explanations.bmr, explanations.tdee] {
-                    #expect(!sentence.unicodeScalars.contains {
-                        $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
-                    }, "\(sentence)")
+                    #expect(
+                        !sentence.unicodeScalars.contains {
+                            $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
+                        }, "\(sentence)")
                 }
                 #expect(explanations.bmi.hasPrefix("Your BMI is \(FixedPoint(units: tenths, scale: 1).description), "))
             }

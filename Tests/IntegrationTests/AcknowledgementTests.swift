@@ -1,5 +1,3 @@
-import MetricsdWork
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HealthMetrics
@@ -7,6 +5,8 @@ import Logging
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 /// `POST /v1/profile/metrics/acknowledge` over real HTTP against the real database, and what
@@ -51,18 +51,22 @@ import Testing
                 let (version, computedAt, before) = try await Self.current(port: port, user: 1)
                 #expect(before["acknowledged"] == .bool(false))
                 let first = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), version: version)
+                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt),
+                    version: version)
                 // Not before the metrics it acknowledges, and not in the future.
                 let firstInstant = try #require(Timestamp(iso8601: first))
                 #expect(firstInstant >= Timestamp(iso8601: computedAt)!)
                 try await Task.sleep(for: .milliseconds(20))
                 let second = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), version: version)
+                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt),
+                    version: version)
                 #expect(second == first, "acknowledging twice keeps the first acknowledgedAt")
                 let (_, sameComputedAt, after) = try await Self.current(port: port, user: 1)
                 #expect(sameComputedAt == computedAt)
                 #expect(after["acknowledged"] == .bool(true))
-                #expect(after["acknowledgement"] == .object(["acknowledgedAt": .string(first), "version": .number(Double(version))]))
+                #expect(
+                    after["acknowledgement"]
+                        == .object(["acknowledgedAt": .string(first), "version": .number(Double(version))]))
                 #expect(after["metrics"] == before["metrics"])
                 #expect(try await database.value("SELECT count(*) FROM metrics_acknowledgements") == "1")
             }
@@ -76,7 +80,9 @@ import Testing
                 let (version, computedAt, _) = try await Self.current(port: port, user: 1)
                 let replies = try await withThrowingTaskGroup(of: APIReply.self) { group in
                     for _ in 0..<10 {
-                        group.addTask { try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt) }
+                        group.addTask {
+                            try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt)
+                        }
                     }
                     return try await group.reduce(into: []) { $0.append($1) }
                 }
@@ -92,7 +98,8 @@ import Testing
             try await database.insertMetrics(user: 1, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
             try await APIServer.run(database: database) { port in
                 let first = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123+00:00"),
+                    try await API.acknowledge(
+                        port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123+00:00"),
                     version: 1)
                 for text in [
                     "2025-10-29T14:30:45.123Z", "2025-10-29T20:15:45.123+05:45", "2025-10-29T09:30:45.123-05:00",
@@ -133,8 +140,10 @@ import Testing
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-28T00:05:00.000Z"),
                     status: 404, code: .stale)
-                #expect(try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), version: 1) != "")
+                #expect(
+                    try Self.expectAcknowledged(
+                        try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt),
+                        version: 1) != "")
                 #expect(try await Self.current(port: port, user: 1).data["acknowledged"] == .bool(true))
             }
         }
@@ -149,8 +158,13 @@ import Testing
             let settings = RawSettings(
                 dateOfBirth: "1990-05-17", gender: "female", weightKilograms: "70.00", heightCentimetres: "175.0",
                 activityLevel: "moderately_active")
-            guard case .computed(let metrics) = MetricsFormula.current.evaluate(settings, on: LocalDate(iso: "2025-10-29")!)
-            else { Issue.record("seed settings are invalid"); return }
+            guard
+                case .computed(let metrics) = MetricsFormula.current.evaluate(
+                    settings, on: LocalDate(iso: "2025-10-29")!)
+            else {
+                Issue.record("seed settings are invalid")
+                return
+            }
             for user: Int64 in [1, 2] {
                 try await database.insertMetrics(
                     user: user, bmi: metrics.bmi.description, bmr: Int(metrics.bmr), tdee: Int(metrics.tdee),
@@ -159,7 +173,8 @@ import Testing
             try await APIServer.run(database: database) { port in
                 for user: Int64 in [1, 2] {
                     _ = try Self.expectAcknowledged(
-                        try await API.acknowledge(port: port, user: user, version: 1, computedAt: "2025-10-29T00:05:00.000Z"),
+                        try await API.acknowledge(
+                            port: port, user: user, version: 1, computedAt: "2025-10-29T00:05:00.000Z"),
                         version: 1)
                 }
                 // User 2's weight changed; the change notification was lost, so only the daily run sees it.
@@ -179,7 +194,8 @@ import Testing
                     try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T00:05:00.000Z"),
                     status: 404, code: .stale)
                 _ = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 2, version: 1, computedAt: changed.computedAt), version: 1)
+                    try await API.acknowledge(port: port, user: 2, version: 1, computedAt: changed.computedAt),
+                    version: 1)
             }
         }
     }
@@ -191,15 +207,18 @@ import Testing
             try await APIServer.run(database: database) { port in
                 let (version, computedAt, _) = try await Self.current(port: port, user: 1)
                 _ = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), version: version)
-                try await database.execute("UPDATE user_settings SET current_weight = 71.00, updated_at = now() WHERE user_id = 1")
+                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt),
+                    version: version)
+                try await database.execute(
+                    "UPDATE user_settings SET current_weight = 71.00, updated_at = now() WHERE user_id = 1")
                 let written = try await Self.queue(database).refreshUsers([1])
                 #expect(written == 1)
                 let after = try await Self.current(port: port, user: 1)
                 #expect(after.computedAt > computedAt)
                 #expect(after.data["acknowledged"] == .bool(false))
                 expectErrorBody(
-                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt), status: 404,
+                    try await API.acknowledge(port: port, user: 1, version: version, computedAt: computedAt),
+                    status: 404,
                     code: .stale)
             }
         }
@@ -264,7 +283,8 @@ import Testing
             try await Self.settle(database, daemon)
             let bearer = TestTokens.bearer(TestTokens.user(1))
             func today(_ daemon: DaemonProcess) async throws -> JSONValue {
-                try LatestMetricsHTTPTests.expectTodayShape(try await daemon.send("/v1/profile/metrics/today", headers: bearer))
+                try LatestMetricsHTTPTests.expectTodayShape(
+                    try await daemon.send("/v1/profile/metrics/today", headers: bearer))
             }
             func acknowledge(_ daemon: DaemonProcess, _ version: Int, _ computedAt: String) async throws -> APIReply {
                 try await daemon.send(
@@ -279,14 +299,16 @@ import Testing
             let lapsed = try await DaemonProcess.eventually(timeout: .seconds(20)) {
                 try await today(daemon)["acknowledged"] == .bool(false)
             }
-            #expect(lapsed, "the daemon did not recompute after the settings change; output:\n\(daemon.log.suffix(2000))")
+            #expect(
+                lapsed, "the daemon did not recompute after the settings change; output:\n\(daemon.log.suffix(2000))")
             let second = try #require(try await today(daemon)["metrics"]?["computedAt"]?.string)
             #expect(second != first)
             expectErrorBody(try await acknowledge(daemon, 1, first), status: 404, code: .stale)
             _ = try Self.expectAcknowledged(try await acknowledge(daemon, 1, second), version: 1)
             await daemon.stop()
 
-            let bumped = try await DaemonProcess.start(database: database, extra: ["METRICSD_TEST_FORMULA_VERSION": "2"])
+            let bumped = try await DaemonProcess.start(
+                database: database, extra: ["METRICSD_TEST_FORMULA_VERSION": "2"])
             let trigger = try await bumped.send(
                 "/v1/admin/recompute", method: .post, headers: TestTokens.bearer(APIServer.adminToken))
             // 202, or 200 when the version-2 daily unit has already given every user their row (nothing to do).
@@ -311,14 +333,19 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([SeedUser(id: 1, height: "72.0"), .valid(2)])
             try await APIServer.run(database: database) { port in
-                let invalid = try await API.acknowledge(port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                let invalid = try await API.acknowledge(
+                    port: port, user: 1, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
                 expectErrorBody(invalid, status: 404, code: .settingsInvalid, contains: ["height 72"])
-                let unknown = try await API.acknowledge(port: port, user: 404, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                let unknown = try await API.acknowledge(
+                    port: port, user: 404, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
                 expectErrorBody(unknown, status: 404, code: .userUnknown)
-                let notYet = try await API.acknowledge(port: port, user: 2, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
+                let notYet = try await API.acknowledge(
+                    port: port, user: 2, version: 1, computedAt: "2025-10-29T14:30:45.123Z")
                 expectErrorBody(notYet, status: 404, code: .notComputedYet)
                 // The read says the same about the invalid user.
-                expectErrorBody(try await API.today(port: port, user: 1), status: 404, code: .settingsInvalid, contains: ["height 72"])
+                expectErrorBody(
+                    try await API.today(port: port, user: 1), status: 404, code: .settingsInvalid,
+                    contains: ["height 72"])
                 #expect(try await database.value("SELECT count(*) FROM metrics_acknowledgements") == "0")
                 #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
             }
@@ -367,7 +394,8 @@ import Testing
                     ("{\"version\":\"NaN\",\(date)}", "version"), ("{\"version\":\"Infinity\",\(date)}", "version"),
                     ("{\"version\":\"1; DROP TABLE users\",\(date)}", "version"),
                     // metricsComputedAt
-                    (#"{"version":1}"#, "metricsComputedAt"), (#"{"version":1,"metricsComputedAt":null}"#, "metricsComputedAt"),
+                    (#"{"version":1}"#, "metricsComputedAt"),
+                    (#"{"version":1,"metricsComputedAt":null}"#, "metricsComputedAt"),
                     (#"{"version":1,"metricsComputedAt":1761748245123}"#, "metricsComputedAt"),
                     (#"{"version":1,"metricsComputedAt":true}"#, "metricsComputedAt"),
                     (#"{"version":1,"metricsComputedAt":["2025-10-29T14:30:45.123Z"]}"#, "metricsComputedAt"),
@@ -387,13 +415,17 @@ import Testing
                     (#"{"version":1,"metricsComputedAt":"Infinity"}"#, "metricsComputedAt"),
                     (#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z\u0000"}"#, "metricsComputedAt"),
                     (#"{"version":1,"metricsComputedAt":"' OR '1'='1"}"#, "metricsComputedAt"),
-                    (#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z'; DROP TABLE users; --"}"#, "metricsComputedAt"),
+                    (
+                        #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z'; DROP TABLE users; --"}"#,
+                        "metricsComputedAt"
+                    ),
                 ]
                 for (body, field) in cases {
                     let reply = try await API.acknowledge(port: port, user: 1, body: body)
                     let message = expectErrorBody(reply, status: 400, code: .invalidBody)
                     if field == "body" {
-                        #expect(message.contains("version") && message.contains("metricsComputedAt"), "\(body): \(message)")
+                        #expect(
+                            message.contains("version") && message.contains("metricsComputedAt"), "\(body): \(message)")
                     } else {
                         #expect(message.contains(field), "\(body): \(message) does not name \(field)")
                     }
@@ -403,7 +435,8 @@ import Testing
                 #expect(try await database.value("SELECT count(*) FROM users") == "1")
                 // Unknown extra fields are ignored: the body names the metrics, and that is enough.
                 _ = try Self.expectAcknowledged(
-                    try await API.acknowledge(port: port, user: 1, body: "{\"version\":1,\(date),\"note\":\"hi\"}"), version: 1)
+                    try await API.acknowledge(port: port, user: 1, body: "{\"version\":1,\(date),\"note\":\"hi\"}"),
+                    version: 1)
             }
         }
     }
@@ -413,7 +446,8 @@ import Testing
     @Test func unknownVersionIs400KnownOldVersionIs404() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
-            try await database.insertMetrics(user: 1, version: 2, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
+            try await database.insertMetrics(
+                user: 1, version: 2, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
             try await APIServer.run(database: database, formula: .rehearsal(version: 2)) { port in
                 expectErrorBody(
                     try await API.acknowledge(port: port, user: 1, version: 3, computedAt: "2025-10-29T14:30:45.123Z"),
@@ -433,7 +467,8 @@ import Testing
         configuration.batchSize = 3
         configuration.chunkSize = 4
         return WorkQueue(
-            pool: database.pool, formula: formula, owner: "ack-tests", configuration: configuration, logger: database.logger)
+            pool: database.pool, formula: formula, owner: "ack-tests", configuration: configuration,
+            logger: database.logger)
     }
 
     /// Waits until the daemon has no unfinished daily unit or recompute job (so no row changes behind a test).

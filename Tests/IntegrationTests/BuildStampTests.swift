@@ -15,7 +15,8 @@ import Testing
             "/bin/sh", ["-c", "set -e\n" + script, "sh"] + arguments,
             environment: [
                 "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin", "HOME": NSTemporaryDirectory(),
-                "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t",
                 "GIT_COMMITTER_EMAIL": "t@t",
             ])
         #expect(result.status == 0, "\(script)\n\(result.stderr)")
@@ -25,7 +26,8 @@ import Testing
     /// The stamp build-stamp.sh writes for the tree at `tree`: (commit, package version or "nil").
     static func stamp(of tree: String) async throws -> (commit: String, package: String) {
         let out = try scratchFile("unused", "") + "-stamp"
-        let text = try await Self.sh(#"sh "$1/build-stamp.sh" "$2" "$3" && cat "$2/BuildStamp.swift""#, Self.pluginDirectory, out, tree)
+        let text = try await Self.sh(
+            #"sh "$1/build-stamp.sh" "$2" "$3" && cat "$2/BuildStamp.swift""#, Self.pluginDirectory, out, tree)
         let commit = text.firstMatch(of: /let commit = "([^"]*)"/).map { String($0.output.1) } ?? "(none)"
         let package = text.firstMatch(of: /let packageVersion: String\? = (.*)/).map { String($0.output.1) } ?? "(none)"
         return (commit, package)
@@ -58,7 +60,8 @@ import Testing
     @Test func aGitArchiveTarballWithoutGitNamesItsCommit() async throws {
         let (repo, commit) = try await Self.repository()
         let tree = repo + "-archive"
-        _ = try await Self.sh(#"mkdir "$2" && git -C "$1" archive HEAD | tar -x -C "$2" && test ! -e "$2/.git""#, repo, tree)
+        _ = try await Self.sh(
+            #"mkdir "$2" && git -C "$1" archive HEAD | tar -x -C "$2" && test ! -e "$2/.git""#, repo, tree)
         let stamp = try await Self.stamp(of: tree)
         #expect(stamp.commit == String(commit.prefix(12)), "\(stamp) for \(commit)")
         #expect(stamp.package == "nil")

@@ -2,12 +2,12 @@ import Foundation
 import HTTPTypes
 import HealthMetrics
 import MetricsdHTTP
-import NIOCore
 import MetricsdTestSupport
+import NIOCore
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Every reply states how it may be cached; the latest read carries a strong `ETag` and answers a matching
@@ -45,14 +45,18 @@ import Glibc
             var fields: [String: String] = [:]
             for line in lines {
                 guard let colon = line.firstIndex(of: ":") else { continue }
-                fields[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+                fields[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(
+                    in: .whitespaces)
             }
-            responses.append(RawResponse(status: status, fields: fields, rest: pieces.dropFirst().joined(separator: "\r\n\r\n")))
+            responses.append(
+                RawResponse(status: status, fields: fields, rest: pieces.dropFirst().joined(separator: "\r\n\r\n")))
         }
         return responses
     }
 
-    static func request(_ method: String, _ path: String, port: Int, user: Int64? = nil, _ extra: [String] = [], close: Bool = false)
+    static func request(
+        _ method: String, _ path: String, port: Int, user: Int64? = nil, _ extra: [String] = [], close: Bool = false
+    )
         -> String
     {
         var text = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
@@ -81,7 +85,8 @@ import Glibc
                 for condition in [etag, "W/\(etag)", "\"0000000000000000\", \(etag)", "*"] {
                     let replies = try Self.exchange(
                         port: port,
-                        Self.request("GET", "/v1/profile/metrics/today", port: port, user: 1, ["If-None-Match: \(condition)"])
+                        Self.request(
+                            "GET", "/v1/profile/metrics/today", port: port, user: 1, ["If-None-Match: \(condition)"])
                             + Self.request("GET", "/healthz", port: port, close: true))
                     try #require(replies.count == 2, "If-None-Match: \(condition)")
                     #expect(replies[0].status == 304, "If-None-Match: \(condition)")
@@ -172,10 +177,13 @@ import Glibc
                 // Computed once for the shared buffer, it is still the digest of the bytes served.
                 #expect(tag == EntityTag.strong(of: ByteBuffer(string: document.text)).description, "\(tag)")
                 let again = try Self.exchange(
-                    port: port, Self.request("GET", "/openapi.yaml", port: port, ["If-None-Match: \(tag)"], close: true))
+                    port: port, Self.request("GET", "/openapi.yaml", port: port, ["If-None-Match: \(tag)"], close: true)
+                )
                 #expect(again.first?.status == 304)
                 #expect(again.first?.rest.isEmpty == true)
-                #expect(try await API.send(port: port, "/healthz").headers[.eTag] == nil, "no validator on state of the moment")
+                #expect(
+                    try await API.send(port: port, "/healthz").headers[.eTag] == nil,
+                    "no validator on state of the moment")
             }
         }
     }

@@ -44,7 +44,9 @@ import Testing
                 #expect(created.status == 202, "\(created)")
 
                 // The canonical forms answer.
-                for (path, headers) in [("/healthz", HTTPFields()), ("/v1/profile/metrics/today", user), ("/healthz?x=1", [:])] {
+                for (path, headers) in [
+                    ("/healthz", HTTPFields()), ("/v1/profile/metrics/today", user), ("/healthz?x=1", [:]),
+                ] {
                     let reply = try await API.send(port: port, path, headers: headers)
                     #expect(reply.status == 200, "\(path): \(reply)")
                 }

@@ -1,10 +1,10 @@
-import MetricsdConfiguration
-import MetricsdTestSupport
 import Foundation
 import Glibc
 import MetricsdCLI
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
+import MetricsdTestSupport
 import Testing
 
 /// The `metricsd` binary as an operator meets it: unknown commands, help, version, bad numbers, the settings
@@ -34,7 +34,9 @@ import Testing
         #expect(result.stdout.isEmpty)
         let lines = result.stderr.split(separator: "\n")
         #expect(lines.first == "metricsd: unknown command 'stauts'. Did you mean 'status'?", "\(result.stderr)")
-        #expect(lines.count == 2 && lines.last?.hasPrefix("Commands: serve, migrate, recompute-all,") == true, "\(result.stderr)")
+        #expect(
+            lines.count == 2 && lines.last?.hasPrefix("Commands: serve, migrate, recompute-all,") == true,
+            "\(result.stderr)")
         #expect(!result.stderr.contains("USAGE"), "not serve's usage")
 
         let far = try await Self.metricsd(["frobnicate"])
@@ -43,7 +45,9 @@ import Testing
 
         let help = try await Self.metricsd(["help", "chek-config"])
         #expect(help.status == 64)
-        #expect(help.stderr.hasPrefix("metricsd: unknown command 'chek-config'. Did you mean 'check-config'?"), "\(help.stderr)")
+        #expect(
+            help.stderr.hasPrefix("metricsd: unknown command 'chek-config'. Did you mean 'check-config'?"),
+            "\(help.stderr)")
     }
 
     @Test func helpListsEveryEnvironmentVariableAndFile() async throws {
@@ -51,9 +55,14 @@ import Testing
             let result = try await Self.metricsd(arguments)
             #expect(result.status == 0, "\(arguments): \(result.stderr)")
             for setting in SettingsCatalog.all {
-                #expect(result.stdout.contains("  \(setting.name) (default: \(setting.defaultText)"), "\(arguments): \(setting.name)")
+                #expect(
+                    result.stdout.contains("  \(setting.name) (default: \(setting.defaultText)"),
+                    "\(arguments): \(setting.name)")
             }
-            for path in ["/etc/metricsd/metricsd.env", "/etc/credstore/metricsd-jwt-secret", "/etc/credstore/metricsd-admin-token"] {
+            for path in [
+                "/etc/metricsd/metricsd.env", "/etc/credstore/metricsd-jwt-secret",
+                "/etc/credstore/metricsd-admin-token",
+            ] {
                 #expect(result.stdout.contains(path), "\(arguments): \(path)")
             }
             #expect(result.stdout.contains("See man 8 metricsd."), "\(arguments)")
@@ -81,7 +90,9 @@ import Testing
         #expect(lines.dropFirst().first == "formula version 1")
         let commit = lines.count > 2 ? lines[2] : ""
         #expect(commit == "commit unknown" || commit.wholeMatch(of: /commit [0-9a-f]{12}(-dirty)?/) != nil, "\(commit)")
-        #expect(lines.last?.wholeMatch(of: /built with Swift 6\.[0-9]+( or later)? for [a-z0-9_]+-linux/) != nil, "\(lines.last ?? "")")
+        #expect(
+            lines.last?.wholeMatch(of: /built with Swift 6\.[0-9]+( or later)? for [a-z0-9_]+-linux/) != nil,
+            "\(lines.last ?? "")")
     }
 
     @Test(arguments: [
@@ -107,13 +118,23 @@ import Testing
         var store: String { self.directory + "/credstore" }
         var environment: [String: String] { ["METRICSD_ENV_FILE": self.envFile, "METRICSD_CREDSTORE": self.store] }
 
-        init(settings: String, jwtSecret: String? = String(repeating: "j", count: 48), adminToken: String? = "admin-token-0123456789") throws {
+        init(
+            settings: String, jwtSecret: String? = String(repeating: "j", count: 48),
+            adminToken: String? = "admin-token-0123456789"
+        ) throws {
             self.directory = try ScratchFiles.directory("host")
-            try FileManager.default.createDirectory(atPath: self.directory + "/credstore", withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(
+                atPath: self.directory + "/credstore", withIntermediateDirectories: true)
             try ScratchFiles.write(settings, to: self.directory + "/metricsd.env")
             // Credentials as the README installs them: readable by their owner only.
-            if let jwtSecret { try ScratchFiles.write(jwtSecret + "\n", to: self.directory + "/credstore/metricsd-jwt-secret", mode: 0o600) }
-            if let adminToken { try ScratchFiles.write(adminToken + "\n", to: self.directory + "/credstore/metricsd-admin-token", mode: 0o600) }
+            if let jwtSecret {
+                try ScratchFiles.write(
+                    jwtSecret + "\n", to: self.directory + "/credstore/metricsd-jwt-secret", mode: 0o600)
+            }
+            if let adminToken {
+                try ScratchFiles.write(
+                    adminToken + "\n", to: self.directory + "/credstore/metricsd-admin-token", mode: 0o600)
+            }
         }
     }
 
@@ -121,13 +142,15 @@ import Testing
     /// exported DATABASE_URL wins; a bad line stops it with file:line.
     @Test func handRunCommandsReadTheSettingsFile() async throws {
         try await withTestDatabase { database in
-            let files = try HostFiles(settings: "# metricsd\nDATABASE_URL=\"\(database.url)\"\nMETRICSD_DAILY_AT=00:07\n")
+            let files = try HostFiles(
+                settings: "# metricsd\nDATABASE_URL=\"\(database.url)\"\nMETRICSD_DAILY_AT=00:07\n")
             let status = try await Self.metricsd(["status"], files.environment)
             #expect(status.status == 0, "\(status.stderr)")
             #expect(status.stdout.contains("00:07"), "\(status.stdout)")
 
             let overridden = try await Self.metricsd(
-                ["status"], files.environment.merging(["DATABASE_URL": "postgresql://127.0.0.1:1/none?connect_timeout=2"]) { $1 })
+                ["status"],
+                files.environment.merging(["DATABASE_URL": "postgresql://127.0.0.1:1/none?connect_timeout=2"]) { $1 })
             #expect(overridden.status == 1)
             #expect(overridden.stderr.hasPrefix("Error: cannot connect to the database: "), "\(overridden.stderr)")
             #expect(overridden.stderr.hasSuffix(" [database.connection_failed]\n"), "\(overridden.stderr)")
@@ -142,7 +165,8 @@ import Testing
             let bad = try await Self.metricsd(["status"], files.environment)
             #expect(bad.status == 1)
             #expect(
-                bad.stderr == "Error: configuration error: \(files.envFile):2: expected NAME=value, got 'METRICSD_WORKERS 3' [config.file_syntax]\n",
+                bad.stderr
+                    == "Error: configuration error: \(files.envFile):2: expected NAME=value, got 'METRICSD_WORKERS 3' [config.file_syntax]\n",
                 "\(bad.stderr)")
         }
     }
@@ -161,24 +185,30 @@ import Testing
     @Test func checkConfigAcceptsAGoodConfiguration() async throws {
         try await withTestDatabase { database in
             let port = DaemonProcess.freePort()
-            let files = try HostFiles(settings: "DATABASE_URL=\(database.url)\nMETRICSD_LISTEN=127.0.0.1:\(port)\nMETRICSD_WORKERS=4\n")
+            let files = try HostFiles(
+                settings: "DATABASE_URL=\(database.url)\nMETRICSD_LISTEN=127.0.0.1:\(port)\nMETRICSD_WORKERS=4\n")
             let result = try await Self.metricsd(["check-config"], files.environment)
             #expect(result.status == 0, "\(result)")
             #expect(result.stderr.isEmpty, "\(result.stderr)")
             let lines = result.stdout.split(separator: "\n").map(String.init)
             #expect(lines.first == "configuration OK", "\(result.stdout)")
             #expect(lines.contains("  listen:       127.0.0.1:\(port) (free)"), "\(result.stdout)")
-            #expect(lines.contains { $0.hasPrefix("  database:     ") && $0.contains("schema current") }, "\(result.stdout)")
+            #expect(
+                lines.contains { $0.hasPrefix("  database:     ") && $0.contains("schema current") }, "\(result.stdout)"
+            )
             #expect(lines.contains("  tokens:       HS256 secret (48 bytes)"), "\(result.stdout)")
             #expect(lines.contains("  admin token:  set (22 characters)"), "\(result.stdout)")
-            #expect(lines.contains("  settings:     \(files.envFile) (3 settings; exported variables win)"), "\(result.stdout)")
+            #expect(
+                lines.contains("  settings:     \(files.envFile) (3 settings; exported variables win)"),
+                "\(result.stdout)")
         }
     }
 
     @Test func checkConfigNamesEveryProblemInOneLine() async throws {
         try await withTestDatabase { database in
             // The schema one migration behind.
-            try await database.execute("DELETE FROM metricsd_migrations WHERE name = (SELECT max(name) FROM metricsd_migrations)")
+            try await database.execute(
+                "DELETE FROM metricsd_migrations WHERE name = (SELECT max(name) FROM metricsd_migrations)")
             // The metrics listener taken by another program.
             let busy = DaemonProcess.freePort()
             let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -188,7 +218,9 @@ import Testing
             address.sin_addr.s_addr = inet_addr("127.0.0.1")
             address.sin_port = in_port_t(UInt16(busy).bigEndian)
             let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
             }
             try #require(bound == 0 && listen(socket, 1) == 0)
 
@@ -216,7 +248,10 @@ import Testing
             #expect(Array(problems.prefix(6)) == expected, "\(result.stderr)")
             #expect(problems.count == 7, "\(result.stderr)")
             #expect(
-                problems.last?.wholeMatch(of: /metricsd: DATABASE_URL: .+: schema is behind, 1 of [0-9]+ migrations pending \(run: metricsd migrate\) \[schema\.behind\]/)
+                problems.last?.wholeMatch(
+                    of:
+                        /metricsd: DATABASE_URL: .+: schema is behind, 1 of [0-9]+ migrations pending \(run: metricsd migrate\) \[schema\.behind\]/
+                )
                     != nil, "\(result.stderr)")
             #expect(result.stdout.hasPrefix("configuration has 7 problems\n"), "\(result.stdout)")
 
@@ -232,10 +267,16 @@ import Testing
             try ScratchFiles.write("not a certificate\n", to: notPEM, mode: 0o600)
             let cases: [(settings: String, setting: String, code: String)] = [
                 ("METRICSD_TLS=public\n", "METRICSD_TLS", "config.tls_incomplete"),
-                ("METRICSD_TLS=public\nMETRICSD_TLS_CERTIFICATE_FILE=\(notPEM)\nMETRICSD_TLS_KEY_FILE=\(notPEM)\n", "METRICSD_TLS",
-                 "config.tls_certificate_invalid"),
-                ("METRICSD_READ_DATABASE_URL=postgresql://127.0.0.1/metricsd?no_such_parameter=1\n", "METRICSD_READ_DATABASE_URL",
-                 "config.read_database_url_invalid"),
+                (
+                    "METRICSD_TLS=public\nMETRICSD_TLS_CERTIFICATE_FILE=\(notPEM)\nMETRICSD_TLS_KEY_FILE=\(notPEM)\n",
+                    "METRICSD_TLS",
+                    "config.tls_certificate_invalid"
+                ),
+                (
+                    "METRICSD_READ_DATABASE_URL=postgresql://127.0.0.1/metricsd?no_such_parameter=1\n",
+                    "METRICSD_READ_DATABASE_URL",
+                    "config.read_database_url_invalid"
+                ),
             ]
             for (settings, setting, code) in cases {
                 let files = try HostFiles(settings: base + settings)
@@ -258,7 +299,9 @@ import Testing
         #expect(result.status == 78, "\(result)")
         let problems = result.stderr.split(separator: "\n").map(String.init)
         #expect(
-            problems.contains("metricsd: METRICSD_RETENTION_DAYS: must be a whole number from 0 to 36500, got '\(value)' [config.invalid_value]"),
+            problems.contains(
+                "metricsd: METRICSD_RETENTION_DAYS: must be a whole number from 0 to 36500, got '\(value)' [config.invalid_value]"
+            ),
             "\(result.stderr)")
     }
 
@@ -266,21 +309,27 @@ import Testing
         let base = ["DATABASE_URL": "postgresql:///metricsd", "METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]
         #expect(try Configuration(environment: base).retentionDays == 0)
         #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": ""]) { $1 }).retentionDays == 0)
-        #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "0"]) { $1 }).retentionDays == 0)
-        #expect(try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "400"]) { $1 }).retentionDays == 400)
+        #expect(
+            try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "0"]) { $1 }).retentionDays == 0)
+        #expect(
+            try Configuration(environment: base.merging(["METRICSD_RETENTION_DAYS": "400"]) { $1 }).retentionDays == 400
+        )
     }
 
     @Test func checkConfigReportsAnUnreachableDatabaseAndAMissingSecret() async throws {
         let files = try HostFiles(
             settings: "DATABASE_URL=postgresql://metricsd@127.0.0.1:1/metricsd?connect_timeout=2\n", jwtSecret: nil)
         let result = try await Self.metricsd(
-            ["check-config"], files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
+            ["check-config"],
+            files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
         #expect(result.status == 78, "\(result)")
         let problems = result.stderr.split(separator: "\n").map(String.init)
         #expect(problems.count == 2, "\(result.stderr)")
         #expect(problems.first?.hasPrefix("metricsd: METRICSD_JWT_SECRET_FILE: ") == true, "\(result.stderr)")
         #expect(problems.first?.hasSuffix(" [config.no_jwt_key]") == true, "\(result.stderr)")
-        #expect(problems.last?.hasPrefix("metricsd: DATABASE_URL: cannot connect to the database: ") == true, "\(result.stderr)")
+        #expect(
+            problems.last?.hasPrefix("metricsd: DATABASE_URL: cannot connect to the database: ") == true,
+            "\(result.stderr)")
         #expect(problems.last?.hasSuffix(" [database.connection_failed]") == true, "\(result.stderr)")
     }
 
@@ -293,13 +342,16 @@ import Testing
         let result = try await Self.metricsd(["generate-docs", document])
         #expect(result.status == 0, "\(result.stderr)")
         let committed = try String(contentsOf: Self.root.appendingPathComponent(path), encoding: .utf8)
-        #expect(committed == result.stdout, "\(path) is stale: run .build/debug/metricsd generate-docs \(document) > \(path)")
+        #expect(
+            committed == result.stdout,
+            "\(path) is stale: run .build/debug/metricsd generate-docs \(document) > \(path)")
     }
 
     /// Every operator setting is in metricsd.env.example, commented out at the catalog's default; the settings whose
     /// value is a secret are not (the file is world-readable), and the header says why.
     @Test func environmentExampleListsEverySettingWithItsDefault() throws {
-        let text = try String(contentsOf: Self.root.appendingPathComponent("systemd/metricsd.env.example"), encoding: .utf8)
+        let text = try String(
+            contentsOf: Self.root.appendingPathComponent("systemd/metricsd.env.example"), encoding: .utf8)
         let lines = Set(text.split(separator: "\n").map(String.init))
         for setting in SettingsCatalog.operatorSettings {
             #expect(lines.contains("#\(setting.name)=\(setting.defaultValue ?? "")"), "\(setting.name)")
@@ -309,7 +361,9 @@ import Testing
             #expect(!text.contains("#\(setting.name)="), "\(setting.name) offered in a world-readable file")
         }
         #expect(text.contains("# SECRETS DO NOT BELONG IN THIS FILE. It is installed 0644"))
-        #expect(text.contains("# So no password in DATABASE_URL, no PGPASSWORD, and not METRICSD_JWT_SECRET or METRICSD_ADMIN_TOKEN"))
+        #expect(
+            text.contains(
+                "# So no password in DATABASE_URL, no PGPASSWORD, and not METRICSD_JWT_SECRET or METRICSD_ADMIN_TOKEN"))
         // And the file parses as a settings file (all commented out: no assignments).
         #expect(try EnvironmentFile.parse(text, path: "metricsd.env.example").isEmpty)
     }
@@ -319,7 +373,8 @@ import Testing
     /// warning leaves alone.
     @Test func everyVariableInTheSourcesIsInTheCatalog() throws {
         let sources = Self.root.appendingPathComponent("Sources")
-        let files = FileManager.default.enumerator(at: sources, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }
+        let files =
+            FileManager.default.enumerator(at: sources, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }
             .filter { $0.pathExtension == "swift" } ?? []
         #expect(files.count > 20)
         var names = Set<String>()

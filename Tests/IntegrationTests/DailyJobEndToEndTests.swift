@@ -1,7 +1,7 @@
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import MetricsdPostgres
+import MetricsdTestSupport
 import Testing
 
 /// The daily job through the real `metricsd serve` binary.
@@ -42,7 +42,8 @@ import Testing
             // forward to the next second 0), so 2–3 minutes from now.
             var calendar = Calendar(identifier: .gregorian)
             calendar.timeZone = TimeZone(secondsFromGMT: offset)!
-            let due = calendar.date(byAdding: .minute, value: 2, to: calendar.date(bySetting: .second, value: 0, of: now)!)!
+            let due = calendar.date(
+                byAdding: .minute, value: 2, to: calendar.date(bySetting: .second, value: 0, of: now)!)!
             let parts = calendar.dateComponents([.hour, .minute], from: due)
             let dailyAt = String(format: "%02d:%02d", parts.hour!, parts.minute!)
             // Zones at that offset now and in 15 minutes (none whose clocks change meanwhile): not due until
@@ -63,8 +64,12 @@ import Testing
             let portA = DaemonProcess.freePort()
             let portB = DaemonProcess.freePort()
             let extra = ["METRICSD_DAILY_AT": dailyAt, "METRICSD_CHUNK_SIZE": "500", "METRICSD_WORKERS": "2"]
-            let a = try DaemonProcess(environment: DaemonProcess.environment(databaseURL: database.url, port: portA, extra: extra), port: portA)
-            let b = try DaemonProcess(environment: DaemonProcess.environment(databaseURL: database.url, port: portB, extra: extra), port: portB)
+            let a = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: portA, extra: extra),
+                port: portA)
+            let b = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: portB, extra: extra),
+                port: portB)
             try await a.waitUntilReady()
             try await b.waitUntilReady()
 
@@ -101,17 +106,23 @@ import Testing
                     """, [waitingZones])
                 return count == String(waiting)
             }
-            #expect(done, "UTC+\(offset / 3600) zones did not get their rows after \(dailyAt); logs:\n\(a.log.suffix(2000))")
+            #expect(
+                done, "UTC+\(offset / 3600) zones did not get their rows after \(dailyAt); logs:\n\(a.log.suffix(2000))"
+            )
             let first = try await database.value(
                 """
                 SELECT min(pm.computed_at) >= $1::timestamptz FROM profile_metrics pm JOIN users u ON u.id = pm.user_id
                 WHERE u.timezone = ANY($2::text[]) AND pm.metrics_date = (now() AT TIME ZONE u.timezone)::date
                 """, [ISO8601DateFormatter().string(from: due), waitingZones])
             #expect(first == "t", "a UTC+\(offset / 3600) row was computed before \(dailyAt)")
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
-            #expect(try await database.value(
-                "SELECT count(DISTINCT lease_owner) FROM work_chunks WHERE state = 'done'") == "2", "both instances worked")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(DISTINCT lease_owner) FROM work_chunks WHERE state = 'done'") == "2",
+                "both instances worked")
             a.signal(SIGTERM)
             b.signal(SIGTERM)
             #expect(await a.waitForExit() == 0)
@@ -134,34 +145,44 @@ import Testing
                 """)
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "1"]),
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "1"]),
                 port: port)
             try await daemon.waitUntilReady()
             let computed = await DaemonProcess.eventually(timeout: .seconds(20)) {
                 (try? await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 1")) == "1"
             }
             #expect(computed)
-            let before = try #require(try await database.rows("SELECT bmi::text, computed_at::text FROM profile_metrics WHERE user_id = 1").first)
+            let before = try #require(
+                try await database.rows("SELECT bmi::text, computed_at::text FROM profile_metrics WHERE user_id = 1")
+                    .first)
 
             let changed = ContinuousClock.now
             try await database.execute("UPDATE user_settings SET current_weight = 95.00 WHERE user_id = 1")
             let refreshed = await DaemonProcess.eventually(timeout: .seconds(5)) {
-                let row = try? await database.rows("SELECT bmi::text, computed_at::text FROM profile_metrics WHERE user_id = 1").first
+                let row = try? await database.rows(
+                    "SELECT bmi::text, computed_at::text FROM profile_metrics WHERE user_id = 1"
+                ).first
                 return row != nil && row! != before
             }
             let elapsed = ContinuousClock.now - changed
             #expect(refreshed, "not recomputed within 5 s")
             #expect(elapsed < .seconds(5))
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 1") == "1", "updated in place")
-            #expect(try await database.value(
-                "SELECT computed_at > $1::timestamptz FROM profile_metrics WHERE user_id = 1", [before[1]]) == "t")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 1") == "1",
+                "updated in place")
+            #expect(
+                try await database.value(
+                    "SELECT computed_at > $1::timestamptz FROM profile_metrics WHERE user_id = 1", [before[1]]) == "t")
 
             try await database.execute("UPDATE user_settings SET height = 72.0 WHERE user_id = 2")
             let listed = await DaemonProcess.eventually(timeout: .seconds(5)) {
-                (try? await database.value("SELECT reasons FROM metrics_skips WHERE user_id = 2")) == "height 72 cm is outside 100–250 cm"
+                (try? await database.value("SELECT reasons FROM metrics_skips WHERE user_id = 2"))
+                    == "height 72 cm is outside 100–250 cm"
             }
             #expect(listed)
-            let cli = try DaemonProcess(arguments: ["skipped", "--limit", "10"], environment: ["DATABASE_URL": database.url])
+            let cli = try DaemonProcess(
+                arguments: ["skipped", "--limit", "10"], environment: ["DATABASE_URL": database.url])
             #expect(await cli.waitForExit() == 0)
             #expect(cli.log.contains("height 72 cm is outside 100–250 cm"), "metricsd skipped printed:\n\(cli.log)")
             #expect(cli.log.contains("out_of_range"))

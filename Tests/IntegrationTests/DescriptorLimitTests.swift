@@ -1,9 +1,9 @@
-import MetricsdConfiguration
 import Foundation
 import Glibc
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdCLI
+import MetricsdConfiguration
 import MetricsdHTTP
 import MetricsdTestSupport
 import Testing
@@ -20,7 +20,9 @@ import Testing
     static func softLimit(pid: Int32) -> Int? {
         let text = try? String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8)
         let line = text?.split(separator: "\n").first { $0.hasPrefix("Max open files") }
-        return line.flatMap { $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(3).first }.flatMap { Int($0) }
+        return line.flatMap { $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(3).first }.flatMap {
+            Int($0)
+        }
     }
 
     static func openDescriptors(pid: Int32) -> Int {
@@ -28,7 +30,9 @@ import Testing
     }
 
     @Test func connectionsUpToTheLimitAndOneMoreNeverExhaustDescriptors() async throws {
-        try #require(FileManager.default.isExecutableFile(atPath: Self.prlimit), "\(Self.prlimit) is missing: install util-linux")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: Self.prlimit), "\(Self.prlimit) is missing: install util-linux"
+        )
         try await withTestDatabase { database in
             let extra = [
                 "METRICSD_MAX_CONNECTIONS": "\(Self.connections)", "METRICSD_MAX_IN_FLIGHT": "\(Self.connections)",
@@ -40,16 +44,25 @@ import Testing
             // 1. A hard limit the budget cannot fit: refused at start, in one line that states the budget.
             let refusedPort = DaemonProcess.freePort()
             let refused = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: refusedPort, extra: extra), port: refusedPort,
+                environment: DaemonProcess.environment(databaseURL: database.url, port: refusedPort, extra: extra),
+                port: refusedPort,
                 launcher: [Self.prlimit, "--nofile=64:64", "--"])
             #expect(await refused.waitForExit(timeout: .seconds(20)) == 1, "\(refused.log)")
             let lines = refused.log.split(separator: "\n").map(String.init)
             let line = lines.first ?? ""
-            #expect(lines.count == 1 && line.hasPrefix("Error: configuration error: METRICSD_MAX_CONNECTIONS=\(Self.connections) needs "), "\(refused.log)")
-            let needed = try #require(line.firstMatch(of: /needs ([0-9]+) file descriptors/).flatMap { Int($0.1) }, "\(line)")
-            #expect(needed == Self.connections + ConnectionLimit.lingeringRefusals + 2 + 1 + 1 + DescriptorBudget.reserve(), "\(line)")
             #expect(
-                line.hasSuffix("the open-file limit (RLIMIT_NOFILE) is 64: raise the hard limit (LimitNOFILE= in the unit) [config.open_files]"),
+                lines.count == 1
+                    && line.hasPrefix("Error: configuration error: METRICSD_MAX_CONNECTIONS=\(Self.connections) needs "),
+                "\(refused.log)")
+            let needed = try #require(
+                line.firstMatch(of: /needs ([0-9]+) file descriptors/).flatMap { Int($0.1) }, "\(line)")
+            #expect(
+                needed == Self.connections + ConnectionLimit.lingeringRefusals + 2 + 1 + 1 + DescriptorBudget.reserve(),
+                "\(line)")
+            #expect(
+                line.hasSuffix(
+                    "the open-file limit (RLIMIT_NOFILE) is 64: raise the hard limit (LimitNOFILE= in the unit) [config.open_files]"
+                ),
                 "\(line)")
 
             // 2. Soft limit 64, hard limit exactly the budget: raised at start, and it serves.
@@ -76,7 +89,9 @@ import Testing
             #expect(ready?.hasPrefix("HTTP/1.1 200") == true, "\(ready ?? "no answer")\n\(daemon.log.suffix(2000))")
             let atLimit = Self.openDescriptors(pid: daemon.pid)
             #expect(atLimit > Self.connections && atLimit <= needed)
-            print("descriptors: \(atLimit) open with \(Self.connections) connections held; budget and hard limit \(needed)")
+            print(
+                "descriptors: \(atLimit) open with \(Self.connections) connections held; budget and hard limit \(needed)"
+            )
 
             // 4. One more, while the limit holds: accepted at once (it does not wait in the listen backlog),
             //    answered 503 and closed. Then, with one connection given back, a fresh client is served.
@@ -85,7 +100,9 @@ import Testing
             var received: [UInt8] = []
             let closedAfter = await more.waitForClose(timeout: .seconds(2), received: &received)
             let refusal = String(decoding: received, as: UTF8.self)
-            print("at the limit: the extra connection was answered \(refusal.prefix(32).debugDescription) and closed after \(String(describing: closedAfter))")
+            print(
+                "at the limit: the extra connection was answered \(refusal.prefix(32).debugDescription) and closed after \(String(describing: closedAfter))"
+            )
             #expect(closedAfter != nil, "the extra connection is still open after 2 s\n\(daemon.log.suffix(2000))")
             #expect(refusal.hasPrefix("HTTP/1.1 503"), "not refused with a 503: \(refusal.debugDescription)")
             #expect(RawHTTP.acceptQueueLength(port: port) == 0, "connections wait in the listen backlog")
@@ -106,24 +123,34 @@ import Testing
 
     /// `check-config` reports the same budget: its summary line, or the problem when the hard limit is too small.
     @Test func checkConfigReportsTheBudget() async throws {
-        try #require(FileManager.default.isExecutableFile(atPath: Self.prlimit), "\(Self.prlimit) is missing: install util-linux")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: Self.prlimit), "\(Self.prlimit) is missing: install util-linux"
+        )
         let environment = [
             "PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin", "METRICSD_ENV_FILE": "/dev/null",
-            "METRICSD_CREDSTORE": "/nonexistent", "METRICSD_JWT_SECRET_FILE": DaemonProcess.secrets.directory + "/jwt-secret",
-            "METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())", "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x?connect_timeout=1",
+            "METRICSD_CREDSTORE": "/nonexistent",
+            "METRICSD_JWT_SECRET_FILE": DaemonProcess.secrets.directory + "/jwt-secret",
+            "METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())",
+            "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x?connect_timeout=1",
         ]
         let needed = 1024 + ConnectionLimit.lingeringRefusals + 8 + 1 + 1 + DescriptorBudget.reserve()
         let tight = try await Subprocess.capture(
-            Self.prlimit, ["--nofile=1024:1024", "--", try DaemonProcess.binary(), "check-config"], environment: environment)
+            Self.prlimit, ["--nofile=1024:1024", "--", try DaemonProcess.binary(), "check-config"],
+            environment: environment)
         #expect(tight.status == 78)
         #expect(
             tight.stderr.contains(
-                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + \(ConnectionLimit.lingeringRefusals) refused connections finishing + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit) [config.open_files]\n"),
+                "metricsd: METRICSD_MAX_CONNECTIONS: METRICSD_MAX_CONNECTIONS=1024 needs \(needed) file descriptors (1024 HTTP connections (METRICSD_MAX_CONNECTIONS) + \(ConnectionLimit.lingeringRefusals) refused connections finishing + 8 database pool (METRICSD_DB_POOL_SIZE) + 1 settings listener session + 1 listening socket + \(DescriptorBudget.reserve()) reserve), but the open-file limit (RLIMIT_NOFILE) is 1024: lower METRICSD_MAX_CONNECTIONS to \(1024 - (needed - 1024)) or less, or raise the hard limit (LimitNOFILE= in the unit) [config.open_files]\n"
+            ),
             "\(tight.stderr)")
 
         let roomy = try await Subprocess.capture(
-            Self.prlimit, ["--nofile=1024:4096", "--", try DaemonProcess.binary(), "check-config"], environment: environment)
+            Self.prlimit, ["--nofile=1024:4096", "--", try DaemonProcess.binary(), "check-config"],
+            environment: environment)
         #expect(!roomy.stderr.contains("METRICSD_MAX_CONNECTIONS"), "\(roomy.stderr)")
-        #expect(roomy.stdout.contains("  open files:   \(needed) needed of 4096 (RLIMIT_NOFILE hard limit; serve raises its soft limit to it)"), "\(roomy.stdout)")
+        #expect(
+            roomy.stdout.contains(
+                "  open files:   \(needed) needed of 4096 (RLIMIT_NOFILE hard limit; serve raises its soft limit to it)"
+            ), "\(roomy.stdout)")
     }
 }

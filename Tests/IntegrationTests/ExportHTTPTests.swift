@@ -51,11 +51,15 @@ import Testing
                 #expect(reply.headers[.contentLength] == nil, "streamed: no length known up front")
                 #expect(reply.headers[.cacheControl] == "no-store")
                 let data = try #require(reply.json?["data"])
-                #expect(data.keys == ["userId", "timezone", "settings", "settingsProblems", "acknowledgement", "metrics"])
+                #expect(
+                    data.keys == ["userId", "timezone", "settings", "settingsProblems", "acknowledgement", "metrics"])
                 #expect(data["settings"]?["heightCm"]?.number == 175 && data["settings"]?["weightKg"]?.number == 70)
                 #expect(data["settingsProblems"] == .null)
                 #expect(data["acknowledgement"]?["version"]?.int == 2)
-                guard case .array(let rows) = data["metrics"] else { Issue.record("\(reply)"); return }
+                guard case .array(let rows) = data["metrics"] else {
+                    Issue.record("\(reply)")
+                    return
+                }
                 #expect(rows.count == 734)
                 let keys = rows.map { "\($0["version"]?.int ?? 0) \($0["date"]?.string ?? "")" }
                 #expect(keys == keys.sorted(), "by version, then date")
@@ -69,15 +73,20 @@ import Testing
 
                 let csv = try await Self.get(port: port, user: 1, accept: "text/csv")
                 #expect(csv.status == 200 && csv.headers[.contentType]?.hasPrefix("text/csv") == true, "\(csv)")
-                #expect(csv.text.hasSuffix("\r\n") && !csv.text.replacingOccurrences(of: "\r\n", with: "").contains("\n"))
+                #expect(
+                    csv.text.hasSuffix("\r\n") && !csv.text.replacingOccurrences(of: "\r\n", with: "").contains("\n"))
                 let lines = csv.text.components(separatedBy: "\r\n").dropLast()
                 #expect(lines.first == "date,version,bmi,bmr,tdee,computed_at,acknowledged_at")
                 #expect(lines.count == 735)
-                #expect(lines.dropFirst().allSatisfy { $0.split(separator: ",", omittingEmptySubsequences: false).count == 7 })
+                #expect(
+                    lines.dropFirst().allSatisfy {
+                        $0.split(separator: ",", omittingEmptySubsequences: false).count == 7
+                    })
                 #expect(lines.contains { $0.hasPrefix("\(HistoryHTTPTests.daysAgo(89)),1,28.9,1589,2289,") })
 
                 for accept in ["application/xml", "text/html, image/png"] {
-                    _ = expectErrorBody(try await Self.get(port: port, user: 1, accept: accept), status: 406, code: .notAcceptable)
+                    _ = expectErrorBody(
+                        try await Self.get(port: port, user: 1, accept: accept), status: 406, code: .notAcceptable)
                 }
                 #expect(try await Self.get(port: port, user: 1, accept: "text/html, */*;q=0.1").status == 200)
             }
@@ -94,7 +103,9 @@ import Testing
                 for user: Int64 in [1, 2, 3, 4] {
                     let reply = try await Self.get(port: port, user: user, accept: "application/fhir+json")
                     #expect(reply.status == 200 && reply.headers[.contentType] == "application/fhir+json", "\(reply)")
-                    let file = FileManager.default.temporaryDirectory.appending(path: "metricsd-fhir-\(getpid())-\(user).json").path
+                    let file = FileManager.default.temporaryDirectory.appending(
+                        path: "metricsd-fhir-\(getpid())-\(user).json"
+                    ).path
                     try reply.text.write(toFile: file, atomically: true, encoding: .utf8)
                     files.append(file)
                     let entries = try Self.entries(reply)
@@ -104,7 +115,8 @@ import Testing
                         guard case .array(let coding) = observation["code"]?["coding"] else { return nil }
                         return coding.first?["code"]?.string
                     }
-                    #expect(codes.filter { $0 == "39156-5" }.count == rows && codes.filter { $0 == "bmr" }.count == rows)
+                    #expect(
+                        codes.filter { $0 == "39156-5" }.count == rows && codes.filter { $0 == "bmr" }.count == rows)
                     #expect(codes.filter { $0 == "tdee" }.count == rows)
                     #expect(codes.contains("29463-7") == (user != 3) && codes.contains("8302-2") == (user != 3))
                     if user == 1 {
@@ -150,11 +162,17 @@ import Testing
     @Test func oneExportPerUserAtATime() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
-            for version in 1...4 { try await HistoryHTTPTests.seedHistory(database, user: 1, days: 731, version: version) }
+            for version in 1...4 {
+                try await HistoryHTTPTests.seedHistory(database, user: 1, days: 731, version: version)
+            }
             try await APIServer.run(database: database, formula: .rehearsal(version: 4)) { port in
                 let socket = try RawHTTP.connectedSocket(port: port, receiveBuffer: 4096).get()
                 let token = TestTokens.user(1)
-                #expect(RawHTTP.send(socket, "GET \(Self.path) HTTP/1.1\r\nHost: x\r\nAccept: application/fhir+json\r\nAuthorization: Bearer \(token)\r\n\r\n"))
+                #expect(
+                    RawHTTP.send(
+                        socket,
+                        "GET \(Self.path) HTTP/1.1\r\nHost: x\r\nAccept: application/fhir+json\r\nAuthorization: Bearer \(token)\r\n\r\n"
+                    ))
                 // The first export has begun once its head arrives; its client then reads no more.
                 _ = fcntl(socket, F_SETFL, fcntl(socket, F_GETFL) | O_NONBLOCK)
                 var head = [UInt8](repeating: 0, count: 256)
@@ -163,7 +181,9 @@ import Testing
                     if count <= 0 { try? await Task.sleep(for: .milliseconds(10)) }
                     return count > 0
                 }
-                #expect(began && String(decoding: head.prefix(12), as: UTF8.self) == "HTTP/1.1 200", "the first export's head")
+                #expect(
+                    began && String(decoding: head.prefix(12), as: UTF8.self) == "HTTP/1.1 200",
+                    "the first export's head")
                 var seen: [String] = []
                 let refused = await DaemonProcess.eventually(timeout: .seconds(8)) {
                     do {
@@ -199,24 +219,33 @@ import Testing
     @Test func aClientThatStopsReadingIsCutOffAndHoldsNothing() async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(1), .valid(2)])
-            for version in 1...12 { try await HistoryHTTPTests.seedHistory(database, user: 1, days: 731, version: version) }
+            for version in 1...12 {
+                try await HistoryHTTPTests.seedHistory(database, user: 1, days: 731, version: version)
+            }
             try await HistoryHTTPTests.seedHistory(database, user: 2, days: 100)
             let port = DaemonProcess.freePort()
             let writeTimeout = 6
             let daemon = try DaemonProcess(
                 environment: DaemonProcess.environment(
-                    databaseURL: database.url, port: port, extra: ["METRICSD_HTTP_WRITE_TIMEOUT_SECONDS": "\(writeTimeout)"]),
+                    databaseURL: database.url, port: port,
+                    extra: ["METRICSD_HTTP_WRITE_TIMEOUT_SECONDS": "\(writeTimeout)"]),
                 port: port)
             try await daemon.waitUntilReady()
-            #expect(try await Self.get(port: port, user: 2, accept: "application/fhir+json").status == 200, "a warm-up export")
+            #expect(
+                try await Self.get(port: port, user: 2, accept: "application/fhir+json").status == 200,
+                "a warm-up export")
             let before = ProcessProbe.residentKiB(daemon.pid)
 
             let client = try HostileSocket(port: port, receiveBuffer: 4096)
             let asked = ContinuousClock.now
-            #expect(await client.send(
-                "GET \(Self.path) HTTP/1.1\r\nHost: x\r\nAccept: application/fhir+json\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n\r\n"))
+            #expect(
+                await client.send(
+                    "GET \(Self.path) HTTP/1.1\r\nHost: x\r\nAccept: application/fhir+json\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n\r\n"
+                ))
             try await Task.sleep(for: .seconds(1))
-            #expect(try await Self.get(port: port, user: 1, accept: "text/csv").status == 429, "the export still streams: stalled, not sent")
+            #expect(
+                try await Self.get(port: port, user: 1, accept: "text/csv").status == 429,
+                "the export still streams: stalled, not sent")
 
             // Other clients are served meanwhile, each well within a second.
             for _ in 0..<5 {
@@ -230,7 +259,8 @@ import Testing
             var inUse: [Double] = []
             let idle = await DaemonProcess.eventually(timeout: .seconds(3)) {
                 let value = PrometheusScrape.value(
-                    (try? await PrometheusScrape.scrape(daemon)) ?? [:], "metricsd_db_pool_connections", ["state": "in_use"])
+                    (try? await PrometheusScrape.scrape(daemon)) ?? [:], "metricsd_db_pool_connections",
+                    ["state": "in_use"])
                 inUse.append(value ?? -1)
                 return value == 0
             }
@@ -240,17 +270,25 @@ import Testing
 
             // Cut off by the write deadline: the daemon logs it and closes its side (what it had queued arrives,
             // then the end, without the body's last chunk), and frees the user's slot.
-            let cut = await DaemonProcess.eventually(timeout: .seconds(writeTimeout + 6)) { daemon.log.contains("Export cut off") }
+            let cut = await DaemonProcess.eventually(timeout: .seconds(writeTimeout + 6)) {
+                daemon.log.contains("Export cut off")
+            }
             let after = ContinuousClock.now - asked
-            #expect(cut && after < .seconds(writeTimeout + 6), "cut off \(after) after the request, write timeout \(writeTimeout) s:\n\(daemon.log.suffix(2000))")
+            #expect(
+                cut && after < .seconds(writeTimeout + 6),
+                "cut off \(after) after the request, write timeout \(writeTimeout) s:\n\(daemon.log.suffix(2000))")
             let (bytes, closedAfter) = await client.readUntilClosed(timeout: .seconds(10))
             #expect(closedAfter != nil, "the daemon closed the stalled connection")
             #expect(!bytes.isEmpty && !bytes.suffix(5).elementsEqual("0\r\n\r\n".utf8), "a cut body, never a whole one")
             let whole = try await Self.get(port: port, user: 1, accept: "application/fhir+json")
             #expect(whole.status == 200, "the slot is free again")
             let bodyKiB = whole.text.utf8.count / 1024
-            #expect(bodyKiB > 8 * 1024, "the body (\(bodyKiB) KiB) is twice what the sockets can hold (at most 4 MiB sent unread)")
-            #expect(grownKiB < min(16 * 1024, bodyKiB / 4), "RSS grew by \(grownKiB) KiB while a \(bodyKiB) KiB export stalled")
+            #expect(
+                bodyKiB > 8 * 1024,
+                "the body (\(bodyKiB) KiB) is twice what the sockets can hold (at most 4 MiB sent unread)")
+            #expect(
+                grownKiB < min(16 * 1024, bodyKiB / 4),
+                "RSS grew by \(grownKiB) KiB while a \(bodyKiB) KiB export stalled")
         }
     }
 }

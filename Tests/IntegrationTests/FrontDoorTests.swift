@@ -15,7 +15,9 @@ import Testing
     static let curl = "/usr/bin/curl"
 
     static func require(_ tool: String) throws {
-        try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing: install it (systemd, openssl, curl)")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: tool),
+            "\(tool) is missing: install it (systemd, openssl, curl)")
     }
 
     @Test func servesTheSocketSystemdPasses() async throws {
@@ -26,11 +28,14 @@ import Testing
             let environment = DaemonProcess.environment(databaseURL: database.url, port: unused)
             // systemd-socket-activate listens, and starts metricsd with the socket (LISTEN_FDS, LISTEN_FDNAMES) once
             // a connection arrives; the environment goes through -E.
-            let launcher = [Self.socketActivate, "--listen=127.0.0.1:\(port)", "--fdname=public"]
+            let launcher =
+                [Self.socketActivate, "--listen=127.0.0.1:\(port)", "--fdname=public"]
                 + environment.keys.sorted().flatMap { ["-E", $0] }
             let daemon = try DaemonProcess(environment: environment, port: port, launcher: launcher)
             // The first connection waits in the socket's backlog while metricsd starts, then is served.
-            let listening = await DaemonProcess.eventually(timeout: .seconds(10)) { RawHTTP.connect(port: port).map { close($0) } != nil }
+            let listening = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                RawHTTP.connect(port: port).map { close($0) } != nil
+            }
             try #require(listening, "systemd-socket-activate does not listen on \(port): \(daemon.log)")
             let first = try RawConnection(port: port)
             first.send(RawHTTP.get("/healthz", port: port))
@@ -61,14 +66,18 @@ import Testing
             let trigger = try await API.send(port: internalPort, "/v1/admin/recompute", method: .post, headers: admin)
             #expect((200..<300).contains(trigger.status), "\(trigger)")
             #expect(try await API.send(port: internalPort, "/readyz").status == 200)
-            #expect(try await API.send(port: internalPort, "/v1/profile/metrics/today", headers: user).text.contains("no such route"))
+            #expect(
+                try await API.send(port: internalPort, "/v1/profile/metrics/today", headers: user).text.contains(
+                    "no such route"))
             await daemon.stop()
 
             // A Unix socket as the internal listener.
             let path = try scratchFile("placeholder", "") + ".sock"
-            let unixDaemon = try await DaemonProcess.start(database: database, extra: ["METRICSD_INTERNAL_LISTEN": "unix:\(path)"])
+            let unixDaemon = try await DaemonProcess.start(
+                database: database, extra: ["METRICSD_INTERNAL_LISTEN": "unix:\(path)"])
             let scrape = try await Subprocess.capture(
-                Self.curl, ["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", path, "http://localhost/metrics"])
+                Self.curl,
+                ["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", path, "http://localhost/metrics"])
             #expect(scrape.stdout == "200", "\(scrape.stdout) \(scrape.stderr)")
             #expect(try await unixDaemon.send("/metrics").status == 404)
             await unixDaemon.stop()
@@ -93,7 +102,10 @@ import Testing
     static func servedFingerprint(port: Int) async throws -> String {
         try await Subprocess.capture(
             "/bin/bash",
-            ["-c", "\(Self.openssl) s_client -connect 127.0.0.1:\(port) -servername localhost </dev/null 2>/dev/null | \(Self.openssl) x509 -noout -fingerprint -sha256"]
+            [
+                "-c",
+                "\(Self.openssl) s_client -connect 127.0.0.1:\(port) -servername localhost </dev/null 2>/dev/null | \(Self.openssl) x509 -noout -fingerprint -sha256",
+            ]
         ).stdout
     }
 
@@ -104,7 +116,11 @@ import Testing
     /// Whether a TLS handshake with these `openssl s_client` options succeeds.
     static func handshake(port: Int, _ options: [String]) async throws -> Bool {
         let result = try await Subprocess.capture(
-            "/bin/bash", ["-c", "\(Self.openssl) s_client -connect 127.0.0.1:\(port) -servername localhost \(options.joined(separator: " ")) </dev/null"])
+            "/bin/bash",
+            [
+                "-c",
+                "\(Self.openssl) s_client -connect 127.0.0.1:\(port) -servername localhost \(options.joined(separator: " ")) </dev/null",
+            ])
         return result.stdout.contains("Cipher is ") && !result.stdout.contains("Cipher is (NONE)")
     }
 
@@ -130,13 +146,21 @@ import Testing
             try await daemon.waitUntilReady()
 
             let https = try await Subprocess.capture(
-                Self.curl, ["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", first.certificate, "https://localhost:\(publicPort)/healthz"])
+                Self.curl,
+                [
+                    "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", first.certificate,
+                    "https://localhost:\(publicPort)/healthz",
+                ])
             #expect(https.stdout == "200", "\(https.stdout) \(https.stderr)")
             #expect(try await Self.handshake(port: publicPort, ["-tls1_3"]))
-            #expect(try await Self.handshake(port: publicPort, ["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"]))
+            #expect(
+                try await Self.handshake(port: publicPort, ["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"]))
             #expect(try await !Self.handshake(port: publicPort, ["-tls1_1", "-cipher", "'DEFAULT:@SECLEVEL=0'"]))
-            #expect(try await !Self.handshake(port: publicPort, ["-tls1_2", "-cipher", "'ECDHE-ECDSA-AES128-SHA:@SECLEVEL=0'"]))
-            let plain = try await Subprocess.capture(Self.curl, ["-sS", "--max-time", "3", "http://127.0.0.1:\(publicPort)/healthz"])
+            #expect(
+                try await !Self.handshake(
+                    port: publicPort, ["-tls1_2", "-cipher", "'ECDHE-ECDSA-AES128-SHA:@SECLEVEL=0'"]))
+            let plain = try await Subprocess.capture(
+                Self.curl, ["-sS", "--max-time", "3", "http://127.0.0.1:\(publicPort)/healthz"])
             #expect(plain.status != 0, "plain HTTP answered on the TLS port: \(plain.stdout)")
 
             // A renewed certificate, then SIGHUP: new connections get it, the process stays.
@@ -164,19 +188,24 @@ import Testing
             let mismatched = try DaemonProcess(environment: environment, port: internalPort)
             #expect(await mismatched.waitForExit(timeout: .seconds(20)) == 1)
             let lines = mismatched.log.split(separator: "\n")
-            #expect(lines.count == 1 && lines[0].hasPrefix("Error: configuration error: METRICSD_TLS: "), "\(mismatched.log)")
+            #expect(
+                lines.count == 1 && lines[0].hasPrefix("Error: configuration error: METRICSD_TLS: "),
+                "\(mismatched.log)")
         }
     }
 
     @Test func theForwardedClientIsLoggedOnlyFromATrustedProxy() async throws {
         try await withTestDatabase { database in
             let forwarded: HTTPFields = [
-                HTTPField.Name("X-Forwarded-For")!: "203.0.113.9, 198.51.100.7", HTTPField.Name("X-Request-Id")!: "via-proxy",
+                HTTPField.Name("X-Forwarded-For")!: "203.0.113.9, 198.51.100.7",
+                HTTPField.Name("X-Request-Id")!: "via-proxy",
             ]
             let trusted = try await DaemonProcess.start(
                 database: database, extra: ["METRICSD_TRUSTED_PROXIES": "127.0.0.1,::1", "METRICSD_REQUEST_LOG": "all"])
             #expect(try await trusted.send("/healthz", headers: forwarded).status == 200)
-            let logged = await DaemonProcess.eventually(timeout: .seconds(5)) { trusted.log.contains("metricsd.request.id=via-proxy") }
+            let logged = await DaemonProcess.eventually(timeout: .seconds(5)) {
+                trusted.log.contains("metricsd.request.id=via-proxy")
+            }
             let line = trusted.log.split(separator: "\n").first { $0.contains("metricsd.request.id=via-proxy") } ?? ""
             #expect(logged && line.contains("metricsd.http.client=198.51.100.7"), "\(line)")
             await trusted.stop()
@@ -184,8 +213,11 @@ import Testing
             let untrusted = try await DaemonProcess.start(
                 database: database, extra: ["METRICSD_TRUSTED_PROXIES": "10.0.0.0/8", "METRICSD_REQUEST_LOG": "all"])
             #expect(try await untrusted.send("/healthz", headers: forwarded).status == 200)
-            _ = await DaemonProcess.eventually(timeout: .seconds(5)) { untrusted.log.contains("metricsd.request.id=via-proxy") }
-            let direct = untrusted.log.split(separator: "\n").first { $0.contains("metricsd.request.id=via-proxy") } ?? ""
+            _ = await DaemonProcess.eventually(timeout: .seconds(5)) {
+                untrusted.log.contains("metricsd.request.id=via-proxy")
+            }
+            let direct =
+                untrusted.log.split(separator: "\n").first { $0.contains("metricsd.request.id=via-proxy") } ?? ""
             #expect(direct.contains("metricsd.http.client=127.0.0.1") && !direct.contains("198.51.100.7"), "\(direct)")
             await untrusted.stop()
         }
@@ -213,7 +245,8 @@ import Testing
             #expect(await busy.waitForClose(timeout: .seconds(3), received: &received) != nil)
             var idleReceived: [UInt8] = []
             let closedAfter = await idle.waitForClose(timeout: .seconds(5), received: &idleReceived)
-            #expect(closedAfter != nil && idleReceived.isEmpty, "the idle connection: \(String(describing: closedAfter))")
+            #expect(
+                closedAfter != nil && idleReceived.isEmpty, "the idle connection: \(String(describing: closedAfter))")
             #expect(await daemon.waitForExit(timeout: .seconds(20)) == 0, "\(daemon.log.suffix(2000))")
         }
     }

@@ -1,8 +1,8 @@
-import MetricsdTestSupport
 import Foundation
 import Glibc
 import HTTPTypes
 import HummingbirdTesting
+import MetricsdTestSupport
 import Testing
 
 /// `metricsd healthcheck`: asks a running daemon's `/readyz`; exit 0 and "ready", or exit 1 with one line saying why.
@@ -35,7 +35,8 @@ import Testing
         #expect(result.status == 1)
         #expect(result.stdout.isEmpty)
         let lines = result.stderr.split(separator: "\n")
-        #expect(lines.count == 1 && lines.first?.hasPrefix("not ready: 127.0.0.1:\(port): ") == true, "\(result.stderr)")
+        #expect(
+            lines.count == 1 && lines.first?.hasPrefix("not ready: 127.0.0.1:\(port): ") == true, "\(result.stderr)")
     }
 
     /// The daemon runs but its database is stopped: `/readyz` answers 503 and the healthcheck says why; once the
@@ -60,7 +61,9 @@ import Testing
             }
             #expect(notReady, "\(String(describing: last))")
             let lines = last?.stderr.split(separator: "\n") ?? []
-            #expect(lines.count == 1 && lines.first?.hasPrefix("not ready: database unreachable: ") == true, "\(String(describing: last))")
+            #expect(
+                lines.count == 1 && lines.first?.hasPrefix("not ready: database unreachable: ") == true,
+                "\(String(describing: last))")
             #expect(last?.stdout.isEmpty == true)
             #expect(try await daemon.request("/readyz").status.code == 503)
 

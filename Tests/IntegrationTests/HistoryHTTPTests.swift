@@ -51,7 +51,10 @@ import Testing
                 #expect(data["from"]?.string == Self.daysAgo(89).description)
                 #expect(data["to"]?.string == Self.daysAgo(0).description)
                 #expect(data["version"]?.int == 1)
-                guard case .array(let entries) = data["entries"] else { Issue.record("entries: \(first)"); return }
+                guard case .array(let entries) = data["entries"] else {
+                    Issue.record("entries: \(first)")
+                    return
+                }
                 #expect(entries.count == 90)
                 let entry = try #require(entries.first)
                 #expect(entry.keys == ["date", "bmi", "bmr", "tdee", "computedAt", "acknowledged", "acknowledgedAt"])
@@ -60,14 +63,17 @@ import Testing
                 #expect(entry["bmr"]?.int == 1589)
                 #expect(entry["acknowledged"] == .bool(false) && entry["acknowledgedAt"] == .null)
                 #expect(isISOMilliseconds(entry["computedAt"]?.string))
-                #expect(first.text.contains("\"nextCursor\":null"), "90 entries fit in one page of \(HistoryQuery.defaultLimit)")
+                #expect(
+                    first.text.contains("\"nextCursor\":null"),
+                    "90 entries fit in one page of \(HistoryQuery.defaultLimit)")
 
                 // Pages of 30: three pages, every date once, in order.
                 var dates: [String] = []
                 var cursor: String?
                 var pages = 0
                 repeat {
-                    let reply = try await Self.get(port: port, user: 1, "?limit=30" + (cursor.map { "&cursor=\($0)" } ?? ""))
+                    let reply = try await Self.get(
+                        port: port, user: 1, "?limit=30" + (cursor.map { "&cursor=\($0)" } ?? ""))
                     #expect(reply.status == 200, "\(reply)")
                     guard case .array(let page) = reply.json?["data"]?["entries"] else { break }
                     dates += page.compactMap { $0["date"]?.string }
@@ -78,7 +84,8 @@ import Testing
                 #expect(dates == (0..<90).reversed().map { Self.daysAgo($0).description })
                 // Another user's token sees only their own rows.
                 guard case .array(let other) = try await Self.get(port: port, user: 2).json?["data"]?["entries"] else {
-                    Issue.record("user 2 has no entries array"); return
+                    Issue.record("user 2 has no entries array")
+                    return
                 }
                 #expect(other.count == 5)
             }
@@ -94,24 +101,38 @@ import Testing
             try await Self.seedHistory(database, user: 1, days: 3, version: 2)
             let formula = MetricsFormula.rehearsal(version: 2)
             try await APIServer.run(database: database, formula: formula) { port in
-                let from = Self.daysAgo(730), to = Self.daysAgo(0)
+                let from = Self.daysAgo(730)
+                let to = Self.daysAgo(0)
                 let all = try await Self.get(port: port, user: 1, "?from=\(from)&to=\(to)&version=1&limit=731")
-                guard case .array(let entries) = all.json?["data"]?["entries"] else { Issue.record("\(all)"); return }
+                guard case .array(let entries) = all.json?["data"]?["entries"] else {
+                    Issue.record("\(all)")
+                    return
+                }
                 #expect(entries.count == 731)
-                #expect(entries.first?["date"]?.string == from.description && entries.last?["date"]?.string == to.description)
+                #expect(
+                    entries.first?["date"]?.string == from.description
+                        && entries.last?["date"]?.string == to.description)
 
                 let current = try await Self.get(port: port, user: 1)
                 #expect(current.json?["data"]?["version"]?.int == 2, "the build's version by default")
-                guard case .array(let v2) = current.json?["data"]?["entries"] else { Issue.record("\(current)"); return }
+                guard case .array(let v2) = current.json?["data"]?["entries"] else {
+                    Issue.record("\(current)")
+                    return
+                }
                 #expect(v2.count == 3)
 
                 let newest = try #require(v2.last?["computedAt"]?.string)
                 let ack = try await API.acknowledge(port: port, user: 1, version: 2, computedAt: newest)
                 #expect(ack.status == 200, "\(ack)")
                 let after = try await Self.get(port: port, user: 1)
-                guard case .array(let acknowledged) = after.json?["data"]?["entries"] else { Issue.record("\(after)"); return }
+                guard case .array(let acknowledged) = after.json?["data"]?["entries"] else {
+                    Issue.record("\(after)")
+                    return
+                }
                 #expect(acknowledged.map { $0["acknowledged"] } == [.bool(false), .bool(false), .bool(true)])
-                #expect(acknowledged.last?["acknowledgedAt"]?.string == ack.json?["data"]?["acknowledgement"]?["acknowledgedAt"]?.string)
+                #expect(
+                    acknowledged.last?["acknowledgedAt"]?.string
+                        == ack.json?["data"]?["acknowledgement"]?["acknowledgedAt"]?.string)
                 #expect(after.headers[.eTag] != current.headers[.eTag], "the acknowledgement changes the tag")
 
                 let tag = try #require(after.headers[.eTag])
@@ -163,7 +184,8 @@ import Testing
                 """)
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "1"]),
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "1"]),
                 port: port)
             try await daemon.waitUntilReady()
             let user = TestTokens.bearer(TestTokens.user(1))
@@ -185,12 +207,16 @@ import Testing
             let shown = try before.json()["data"] as? [String: Any]
             let computedAt = try #require((shown?["metrics"] as? [String: Any])?["computedAt"] as? String)
             let acknowledged = try await daemon.request(
-                "/v1/profile/metrics/acknowledge", method: .post, headers: user.merging([.contentType: "application/json"]),
+                "/v1/profile/metrics/acknowledge", method: .post,
+                headers: user.merging([.contentType: "application/json"]),
                 body: #"{"version":1,"metricsComputedAt":"\#(computedAt)"}"#)
             #expect(acknowledged.status == .notFound, "acknowledging metrics of invalid settings: \(acknowledged.text)")
             #expect(try acknowledged.json()["code"] as? String == "metrics.settings_invalid")
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 1") == "1", "the row is kept")
-            let other = try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(2)))
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 1") == "1",
+                "the row is kept")
+            let other = try await daemon.request(
+                "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(2)))
             #expect(other.status == .ok, "another user is unaffected: \(other.text)")
 
             try await database.execute("UPDATE user_settings SET height = 175.0 WHERE user_id = 1")

@@ -1,6 +1,6 @@
-import MetricsdTestSupport
 import Foundation
 import Glibc
+import MetricsdTestSupport
 import Testing
 
 /// Clients that misbehave at the connection level, against the real daemon over raw sockets: each case asserts
@@ -16,7 +16,9 @@ import Testing
     static let today = "/v1/profile/metrics/today"
 
     /// A daemon over a database with user 1 and a metrics row.
-    static func withDaemon(extra: [String: String] = [:], _ body: (DaemonProcess, TestDatabase) async throws -> Void) async throws {
+    static func withDaemon(extra: [String: String] = [:], _ body: (DaemonProcess, TestDatabase) async throws -> Void)
+        async throws
+    {
         try await withTestDatabase { database in
             try await database.seed([.valid(1)])
             try await database.insertMetrics(user: 1, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
@@ -34,7 +36,9 @@ import Testing
     }
 
     /// `/healthz` on a fresh connection answers 200 (within a few seconds: a liveness check, not a speed test).
-    static func expectHealthy(_ daemon: DaemonProcess, _ context: String, sourceLocation: SourceLocation = #_sourceLocation) async {
+    static func expectHealthy(
+        _ daemon: DaemonProcess, _ context: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) async {
         guard let descriptor = RawHTTP.connect(port: daemon.port) else {
             Issue.record("\(context): cannot connect", sourceLocation: sourceLocation)
             return
@@ -78,7 +82,9 @@ import Testing
             }
             await Self.expectHealthy(daemon, "while a client pipelines without reading")
             peak = max(peak, ProcessProbe.residentKiB(daemon.pid))
-            #expect(peak - baseline <= Self.memoryBoundKiB, "RSS grew \((peak - baseline) / 1024) MB (\(sent) bytes of requests accepted)")
+            #expect(
+                peak - baseline <= Self.memoryBoundKiB,
+                "RSS grew \((peak - baseline) / 1024) MB (\(sent) bytes of requests accepted)")
             // The write timeout closes it (2 s after its replies stopped moving).
             let closed = await Self.untilNoConnections(daemon, timeout: .seconds(8))
             #expect(closed != nil, "the server never closed a client that does not read its replies")
@@ -99,7 +105,10 @@ import Testing
             }
             await Self.expectHealthy(daemon, "with 128 clients not reading")
             let closed = await Self.untilNoConnections(daemon, timeout: .seconds(4))
-            #expect(closed != nil, "\(ProcessProbe.openServerConnections(port: daemon.port)) connections still open after 2 × the idle timeout")
+            #expect(
+                closed != nil,
+                "\(ProcessProbe.openServerConnections(port: daemon.port)) connections still open after 2 × the idle timeout"
+            )
             for client in clients { client.close() }
         }
     }
@@ -112,7 +121,8 @@ import Testing
         try await Self.withDaemon { daemon, _ in
             let token = TestTokens.user(1)
             async let slowloris = Self.trickle(
-                port: daemon.port, prefix: "", rest: "GET \(Self.today) HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(token)\r\n\r\n")
+                port: daemon.port, prefix: "",
+                rest: "GET \(Self.today) HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(token)\r\n\r\n")
             let body = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#
             async let slowBody = Self.trickle(
                 port: daemon.port,
@@ -122,7 +132,9 @@ import Testing
             for (name, outcome) in [("slowloris", try await slowloris), ("slow body", try await slowBody)] {
                 let after = try #require(outcome.after, "\(name): not closed within 5 s")
                 #expect(after <= .seconds(3), "\(name): closed after \(after)")
-                #expect(outcome.received.isEmpty, "\(name): answered \(String(decoding: outcome.received, as: UTF8.self).prefix(100))")
+                #expect(
+                    outcome.received.isEmpty,
+                    "\(name): answered \(String(decoding: outcome.received, as: UTF8.self).prefix(100))")
             }
             await Self.expectHealthy(daemon, "after the slow clients")
         }
@@ -161,7 +173,9 @@ import Testing
             let (bytes, _) = await client.readUntilClosed(timeout: .seconds(3), chunk: 64, pause: .milliseconds(100))
             #expect(bytes.count < 40_000, "the reader was not slow: \(bytes.count) bytes in 3 s")
             let released = await Self.untilNoConnections(daemon, timeout: .seconds(3))
-            #expect(released != nil, "the daemon still holds a slow reader 6 s after its request (\(bytes.count) bytes read)")
+            #expect(
+                released != nil,
+                "the daemon still holds a slow reader 6 s after its request (\(bytes.count) bytes read)")
             client.close()
             await Self.expectHealthy(daemon, "after the slow reader")
         }
@@ -177,16 +191,19 @@ import Testing
             let body = valid + String(repeating: " ", count: 16 * 1024 - valid.utf8.count)
             let client = try HostileSocket(port: daemon.port)
             var text = (1...3).map { Self.get("/openapi.yaml", id: "o\($0)") }.joined()
-            text += "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nX-Request-Id: a4\r\n"
+            text +=
+                "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nX-Request-Id: a4\r\n"
                 + "Authorization: Bearer \(TestTokens.user(1))\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
             #expect(await client.send(text))
             client.shutdownWrite()
-            let (replies, closed) = await client.readResponses(bodyless: [false, false, false, false], timeout: .seconds(10))
+            let (replies, closed) = await client.readResponses(
+                bodyless: [false, false, false, false], timeout: .seconds(10))
             #expect(replies.map { $0.headers["x-request-id"] ?? "" } == ["o1", "o2", "o3", "a4"], "\(replies)")
             #expect(replies.prefix(3).allSatisfy { $0.status == 200 && $0.body.count > 40_000 })
             // 200 while the seeded row is the user's latest, 404 once the daemon's start-up run has computed a newer
             // one: either is the acknowledgement's whole answer, which is what this case is about.
-            #expect([200, 404].contains(replies.last?.status), "the acknowledgement: \(String(describing: replies.last))")
+            #expect(
+                [200, 404].contains(replies.last?.status), "the acknowledgement: \(String(describing: replies.last))")
             // The close follows the last reply; on a busy machine it may arrive a moment after it.
             let closedAfter = closed ? true : await client.readUntilClosed(timeout: .seconds(3)).after != nil
             #expect(closedAfter, "the server did not close after the replies to a half-closed client")
@@ -198,15 +215,20 @@ import Testing
     @Test func headAnswersWithTheHeadersOfGetAndNoBody() async throws {
         try await Self.withDaemon { daemon, _ in
             let token = "Authorization: Bearer \(TestTokens.user(1))\r\n"
-            for (path, extra) in [("/healthz", ""), ("/readyz", ""), ("/openapi.yaml", ""), ("/metrics", ""), (Self.today, token)] {
+            for (path, extra) in [
+                ("/healthz", ""), ("/readyz", ""), ("/openapi.yaml", ""), ("/metrics", ""), (Self.today, token),
+            ] {
                 let client = try HostileSocket(port: daemon.port)
                 let head = "HEAD \(path) HTTP/1.1\r\nHost: x\r\nX-Request-Id: h1\r\n" + extra + "\r\n"
                 #expect(await client.send(head + Self.get(path, id: "g2", extra: extra)))
                 let (replies, _) = await client.readResponses(bodyless: [true, false])
                 try #require(replies.count == 2, "\(path): \(replies)")
                 let (headReply, getReply) = (replies[0], replies[1])
-                #expect(headReply.headers["x-request-id"] == "h1" && getReply.headers["x-request-id"] == "g2", "\(path): \(replies)")
-                #expect(headReply.status == getReply.status, "\(path): HEAD \(headReply.status), GET \(getReply.status)")
+                #expect(
+                    headReply.headers["x-request-id"] == "h1" && getReply.headers["x-request-id"] == "g2",
+                    "\(path): \(replies)")
+                #expect(
+                    headReply.status == getReply.status, "\(path): HEAD \(headReply.status), GET \(getReply.status)")
                 #expect(headReply.headers["content-type"] == getReply.headers["content-type"], "\(path)")
                 if path != "/metrics" {  // the metrics change between the two requests
                     #expect(headReply.headers["content-length"] == String(getReply.body.count), "\(path): \(headReply)")
@@ -223,13 +245,17 @@ import Testing
             let client = try HostileSocket(port: daemon.port)
             let upgrade = Self.get(
                 "/healthz", id: "u1",
-                extra: "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n")
+                extra:
+                    "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+            )
             #expect(await client.send(upgrade + Self.get("/healthz", id: "u2")))
             let (replies, closed) = await client.readResponses(bodyless: [false, false], timeout: .seconds(3))
             #expect(replies.first?.status == 200, "\(replies)")
             let answered = replies.count == 2 && replies[1].status == 200
             let refused = replies.first?.headers["connection"]?.lowercased() == "close" && closed
-            #expect(answered || refused, "the request after an Upgrade was neither answered nor refused: \(replies), closed: \(closed)")
+            #expect(
+                answered || refused,
+                "the request after an Upgrade was neither answered nor refused: \(replies), closed: \(closed)")
             // 16 MiB of anything after it.
             let junk = [UInt8](repeating: 0x41, count: 1 << 20)
             var sent = 0
@@ -240,11 +266,15 @@ import Testing
                 if accepted == 0 { try await Task.sleep(for: .milliseconds(10)) }
             }
             let grown = ProcessProbe.residentKiB(daemon.pid) - baseline
-            #expect(grown <= Self.memoryBoundKiB, "RSS grew \(grown / 1024) MB after \(sent >> 20) MiB sent behind an Upgrade")
+            #expect(
+                grown <= Self.memoryBoundKiB,
+                "RSS grew \(grown / 1024) MB after \(sent >> 20) MiB sent behind an Upgrade")
             client.close()
 
             let connect = try HostileSocket(port: daemon.port)
-            #expect(await connect.send("CONNECT 127.0.0.1:\(daemon.port) HTTP/1.1\r\nHost: 127.0.0.1:\(daemon.port)\r\n\r\n"))
+            #expect(
+                await connect.send(
+                    "CONNECT 127.0.0.1:\(daemon.port) HTTP/1.1\r\nHost: 127.0.0.1:\(daemon.port)\r\n\r\n"))
             let (connectReplies, _) = await connect.readResponses(bodyless: [true], timeout: .seconds(3))
             let status = try #require(connectReplies.first?.status, "no answer to CONNECT")
             #expect(status >= 400, "CONNECT answered \(status)")
@@ -257,7 +287,8 @@ import Testing
     @Test func expectContinue() async throws {
         try await Self.withDaemon { daemon, _ in
             let body = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#
-            let head = "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n"
+            let head =
+                "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n"
             let client = try HostileSocket(port: daemon.port)
             #expect(await client.send(head + "Expect: 100-continue\r\nContent-Length: \(body.utf8.count)\r\n\r\n"))
             let (interim, _) = await client.readResponses(bodyless: [true], timeout: .seconds(3))
@@ -287,7 +318,8 @@ import Testing
             let token = "Authorization: Bearer \(TestTokens.user(1))\r\n"
             #expect(
                 await client.send(
-                    Self.get("http://127.0.0.1:\(daemon.port)/healthz", id: "a1") + Self.get("HTTP://example.com/readyz?x=1", id: "a2")
+                    Self.get("http://127.0.0.1:\(daemon.port)/healthz", id: "a1")
+                        + Self.get("HTTP://example.com/readyz?x=1", id: "a2")
                         + Self.get("http://localhost\(Self.today)", id: "a3", extra: token)
                         + Self.get("http://127.0.0.1:\(daemon.port)/no-such-route", id: "a4")))
             let (replies, _) = await client.readResponses(bodyless: [false, false, false, false])
@@ -301,24 +333,30 @@ import Testing
     /// trigger behind it creates no job), whether the length was declared or the body was chunked.
     @Test func nothingIsDispatchedAfterA413() async throws {
         try await Self.withDaemon { daemon, database in
-            let trigger = "POST /v1/admin/recompute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(DaemonProcess.secrets.adminToken)\r\n"
+            let trigger =
+                "POST /v1/admin/recompute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(DaemonProcess.secrets.adminToken)\r\n"
                 + "Content-Length: 0\r\n\r\n"
             // The whole oversized body is sent, so that the trigger behind it is a request of its own.
-            let declared = "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n"
+            let declared =
+                "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n"
                 + String(repeating: " ", count: 20000)
-            var chunked = "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            var chunked =
+                "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             for _ in 0..<5 { chunked += "1000\r\n" + String(repeating: " ", count: 4096) + "\r\n" }
             chunked += "0\r\n\r\n"
             for (name, first) in [("declared", declared), ("chunked", chunked)] {
                 let client = try HostileSocket(port: daemon.port)
                 #expect(await client.send(first + trigger + Self.get("/healthz")))
-                let (replies, closed) = await client.readResponses(bodyless: [false, false, false], timeout: .seconds(5))
+                let (replies, closed) = await client.readResponses(
+                    bodyless: [false, false, false], timeout: .seconds(5))
                 #expect(replies.map(\.status) == [413], "\(name): \(replies)")
                 #expect(replies.first?.headers["connection"]?.lowercased() == "close", "\(name): \(replies)")
                 #expect(closed, "\(name): the connection stayed open after the 413")
             }
             try await Task.sleep(for: .milliseconds(300))
-            #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "0", "a request behind a 413 was dispatched")
+            #expect(
+                try await database.value("SELECT count(*) FROM recompute_jobs") == "0",
+                "a request behind a 413 was dispatched")
         }
     }
 
@@ -348,7 +386,9 @@ import Testing
             #expect(answers.0 > 100, "only \(answers.0) answers to /readyz in \(seconds) s")
             #expect(answers.1 == [200], "statuses \(answers.1)")
             #expect(answers.2, "an answer to /readyz did not say how old its result is")
-            #expect(probes <= Int(seconds) + 2, "\(probes) readiness probes wrote WAL for \(answers.0) requests in \(seconds) s")
+            #expect(
+                probes <= Int(seconds) + 2,
+                "\(probes) readiness probes wrote WAL for \(answers.0) requests in \(seconds) s")
         }
     }
 
@@ -374,7 +414,8 @@ import Testing
     /// The readiness probes committed between two WAL positions: their logical messages, read with pg_waldump
     /// from the test cluster's WAL.
     static func readinessProbes(database: TestDatabase, from start: String, to end: String) async throws -> Int {
-        let bin = try #require(ProcessInfo.processInfo.environment["METRICSD_PG_BIN"], "METRICSD_PG_BIN is not set (scripts/test sets it)")
+        let bin = try #require(
+            ProcessInfo.processInfo.environment["METRICSD_PG_BIN"], "METRICSD_PG_BIN is not set (scripts/test sets it)")
         let dataDirectory = try #require(try await database.value("SHOW data_directory"))
         let process = Process()
         process.executableURL = URL(fileURLWithPath: bin + "/pg_waldump")
@@ -409,7 +450,8 @@ import Testing
                 await slowReader.send(Self.get("/openapi.yaml"))
                 clients.append(slowReader)
                 let stalled = try HostileSocket(port: daemon.port)
-                await stalled.send("POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"ver")
+                await stalled.send(
+                    "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"ver")
                 clients.append(stalled)
                 try await Task.sleep(for: .milliseconds(200))
 

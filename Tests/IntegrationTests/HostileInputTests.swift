@@ -1,6 +1,3 @@
-import MetricsdWork
-import MetricsdReads
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HealthMetrics
@@ -8,6 +5,9 @@ import Logging
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdTestSupport
+import MetricsdWork
 import NIOCore
 import Testing
 
@@ -37,7 +37,8 @@ import Testing
         try await Self.withUserAndMetrics { database in
             let daemon = try await DaemonProcess.start(database: database)
             let admin = TestTokens.bearer(APIServer.adminToken)
-            let big = #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z","pad":""#
+            let big =
+                #"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z","pad":""#
                 + String(repeating: "x", count: 16 * 1024) + #""}"#
             for (path, headers) in [(Self.acknowledgePath, Self.userHeaders), ("/v1/admin/recompute", admin)] {
                 let reply = try await daemon.send(path, method: .post, headers: headers, body: big)
@@ -53,18 +54,21 @@ import Testing
                 let computedAt = try #require(current.json?["data"]?["metrics"]?["computedAt"]?.string, "\(current)")
                 let valid = #"{"version":1,"metricsComputedAt":"\#(computedAt)"}"#
                 exact = valid + String(repeating: " ", count: 16 * 1024 - valid.utf8.count)
-                let reply = try await daemon.send(Self.acknowledgePath, method: .post, headers: Self.userHeaders, body: exact)
+                let reply = try await daemon.send(
+                    Self.acknowledgePath, method: .post, headers: Self.userHeaders, body: exact)
                 accepted = reply
                 if reply.status != 404 { break }
                 try await Task.sleep(for: .milliseconds(250))
             }
             #expect(accepted?.status == 200, "\(String(describing: accepted))")
-            let oneMore = try await daemon.send(Self.acknowledgePath, method: .post, headers: Self.userHeaders, body: exact + " ")
+            let oneMore = try await daemon.send(
+                Self.acknowledgePath, method: .post, headers: Self.userHeaders, body: exact + " ")
             expectErrorBody(oneMore, status: 413, code: .bodyTooLarge)
 
             // Chunked, with no Content-Length to check up front.
             let connection = try RawConnection(port: daemon.port)
-            var request = "POST \(Self.acknowledgePath) HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n"
+            var request =
+                "POST \(Self.acknowledgePath) HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestTokens.user(1))\r\n"
             request += "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
             for _ in 0..<5 { request += "1000\r\n" + String(repeating: " ", count: 4096) + "\r\n" }
             request += "0\r\n\r\n"
@@ -81,11 +85,14 @@ import Testing
                 #expect(declared.send("POST \(path) HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n"))
                 let answer = try #require(await declared.readResponse(timeout: .seconds(5)), "\(path): no answer")
                 #expect(answer.hasPrefix("HTTP/1.1 413"), "\(path): \(answer.prefix(200))")
-                #expect(ContinuousClock.now - started < .seconds(5), "\(path): the 413 waited for the body (the request timeout is 10 s)")
+                #expect(
+                    ContinuousClock.now - started < .seconds(5),
+                    "\(path): the 413 waited for the body (the request timeout is 10 s)")
             }
             // Cancel takes no body, but an oversized one (here chunked, undeclared) is still a 413.
             let cancel = try RawConnection(port: daemon.port)
-            var chunked = "POST /v1/admin/recompute/1/cancel HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(APIServer.adminToken)\r\n"
+            var chunked =
+                "POST /v1/admin/recompute/1/cancel HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(APIServer.adminToken)\r\n"
             chunked += "Transfer-Encoding: chunked\r\n\r\n"
             for _ in 0..<5 { chunked += "1000\r\n" + String(repeating: " ", count: 4096) + "\r\n" }
             #expect(cancel.send(chunked + "0\r\n\r\n"))
@@ -206,17 +213,20 @@ import Testing
             // A trigger makes a job (202) only when user 1 lacks today's row (the daily unit ran for yesterday, between
             // 00:00 and the daily time); else there is nothing to do (200).
             let hasToday = try await database.value(
-                "SELECT count(*) FROM profile_metrics WHERE user_id = 1 AND metrics_date = (now() AT TIME ZONE 'UTC')::date")
+                "SELECT count(*) FROM profile_metrics WHERE user_id = 1 AND metrics_date = (now() AT TIME ZONE 'UTC')::date"
+            )
             let trigger = hasToday == "1" ? 200 : 202
             // (method, path, headers, body, status)
             let requests: [(HTTPRequest.Method, String, HTTPFields, String?, Int)] = [
-                (.get, "/healthz", [:], nil, 200), (.get, "/readyz", [:], nil, 200), (.get, "/openapi.yaml", [:], nil, 200),
+                (.get, "/healthz", [:], nil, 200), (.get, "/readyz", [:], nil, 200),
+                (.get, "/openapi.yaml", [:], nil, 200),
                 (.get, "/metrics", [:], nil, 200), (.get, "/v1/profile/metrics/today", user, nil, 200),
                 (.post, Self.acknowledgePath, user, ack, 200), (.post, Self.acknowledgePath, user, "{", 400),
                 (.get, "/v1/profile/metrics/today", [:], nil, 401), (.get, "/v1/admin/recompute", user, nil, 401),
                 (.get, "/no/such/route", [:], nil, 404), (.get, "/v1/admin/recompute/999", admin, nil, 404),
                 (.delete, "/v1/profile/metrics/today", user, nil, 405), (.post, Self.acknowledgePath, user, big, 413),
-                (.post, "/v1/admin/recompute", admin, nil, trigger), (.post, "/v1/admin/recompute/x/cancel", admin, nil, 400),
+                (.post, "/v1/admin/recompute", admin, nil, trigger),
+                (.post, "/v1/admin/recompute/x/cancel", admin, nil, 400),
             ]
             var generated: Set<String> = []
             for (index, (method, path, headers, body, status)) in requests.enumerated() {
@@ -233,7 +243,8 @@ import Testing
                 ][index % 9]
                 let own = try await daemon.send(
                     path, method: method,
-                    headers: malformed.map { headers.merging([HTTPField.Name("X-Request-Id")!: $0]) } ?? headers, body: body)
+                    headers: malformed.map { headers.merging([HTTPField.Name("X-Request-Id")!: $0]) } ?? headers,
+                    body: body)
                 let ownID = try #require(own.requestID, "\(method) \(path) has no X-Request-Id")
                 #expect(ownID != malformed, "\(method) \(path) echoed a malformed id")
                 #expect(ownID.wholeMatch(of: #/[0-9a-f]{16}/#) != nil, "\(ownID)")
@@ -257,8 +268,11 @@ import Testing
         try await Self.withUserAndMetrics { database in
             try await APIServer.run(database: database) { port in
                 var replies: [(String, APIReply)] = []
-                func send(_ name: String, _ path: String, method: HTTPRequest.Method = .get, headers: HTTPFields = Self.userHeaders,
-                          body: ByteBuffer? = nil) async throws -> APIReply {
+                func send(
+                    _ name: String, _ path: String, method: HTTPRequest.Method = .get,
+                    headers: HTTPFields = Self.userHeaders,
+                    body: ByteBuffer? = nil
+                ) async throws -> APIReply {
                     let reply = try await API.send(port: port, path, method: method, headers: headers, body: body)
                     replies.append((name, reply))
                     return reply
@@ -269,22 +283,59 @@ import Testing
                     ("invalid UTF-8", [0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0x31, 0x7d]),
                     ("NUL bytes", [0, 0, 0, 0]),
                     ("UTF-16", Array("{\"version\":1}".utf16.flatMap { [UInt8($0 & 0xff), UInt8($0 >> 8)] })),
-                    ("BOM", [0xef, 0xbb, 0xbf] + Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
-                    ("deep arrays", Array((String(repeating: "[", count: 5000) + String(repeating: "]", count: 5000)).utf8)),
-                    ("deep objects", Array((String(repeating: #"{"a":"#, count: 2500) + "1" + String(repeating: "}", count: 2500)).utf8)),
-                    ("deep version", Array(("{\"version\":" + String(repeating: "[", count: 3000) + String(repeating: "]", count: 3000) + "}").utf8)),
-                    ("raw control characters", Array("{\"version\":1,\"metricsComputedAt\":\"2025-10-29T14:30:45.123Z\u{1}\u{8}\"}".utf8)),
-                    ("raw newline in string", Array("{\"version\":1,\"metricsComputedAt\":\"2025-10-29\nT14:30:45.123Z\"}".utf8)),
-                    ("long string", Array(("{\"version\":1,\"metricsComputedAt\":\"" + String(repeating: "9", count: 15000) + "\"}").utf8)),
+                    (
+                        "BOM",
+                        [0xef, 0xbb, 0xbf]
+                            + Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)
+                    ),
+                    (
+                        "deep arrays",
+                        Array((String(repeating: "[", count: 5000) + String(repeating: "]", count: 5000)).utf8)
+                    ),
+                    (
+                        "deep objects",
+                        Array(
+                            (String(repeating: #"{"a":"#, count: 2500) + "1" + String(repeating: "}", count: 2500)).utf8
+                        )
+                    ),
+                    (
+                        "deep version",
+                        Array(
+                            ("{\"version\":" + String(repeating: "[", count: 3000) + String(repeating: "]", count: 3000)
+                                + "}").utf8)
+                    ),
+                    (
+                        "raw control characters",
+                        Array("{\"version\":1,\"metricsComputedAt\":\"2025-10-29T14:30:45.123Z\u{1}\u{8}\"}".utf8)
+                    ),
+                    (
+                        "raw newline in string",
+                        Array("{\"version\":1,\"metricsComputedAt\":\"2025-10-29\nT14:30:45.123Z\"}".utf8)
+                    ),
+                    (
+                        "long string",
+                        Array(
+                            ("{\"version\":1,\"metricsComputedAt\":\"" + String(repeating: "9", count: 15000) + "\"}")
+                                .utf8)
+                    ),
                     ("long number", Array(("{\"version\":" + String(repeating: "9", count: 15000) + "}").utf8)),
                     ("many keys", Array(("{" + (0..<1500).map { "\"k\($0)\":1" }.joined(separator: ",") + "}").utf8)),
                     ("lone surrogate", Array(#"{"version":1,"metricsComputedAt":"\ud800"}"#.utf8)),
                     ("escaped NUL", Array(#"{"version":1,"metricsComputedAt":"\u0000"}"#.utf8)),
                     ("SQL", Array(#"{"version":"1); DELETE FROM profile_metrics; --","metricsComputedAt":"x"}"#.utf8)),
-                    ("SQL date", Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z' OR 1=1 --"}"#.utf8)),
-                    ("SQL key", Array(#"{"version; DROP TABLE users":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
+                    (
+                        "SQL date",
+                        Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z' OR 1=1 --"}"#.utf8)
+                    ),
+                    (
+                        "SQL key",
+                        Array(#"{"version; DROP TABLE users":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)
+                    ),
                     ("NaN literal", Array(#"{"version":NaN,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
-                    ("Infinity literal", Array(#"{"version":Infinity,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
+                    (
+                        "Infinity literal",
+                        Array(#"{"version":Infinity,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)
+                    ),
                     ("hex number", Array(#"{"version":0x1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
                     ("leading zero", Array(#"{"version":01,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
                     ("tiny float", Array(#"{"version":1e-400,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}"#.utf8)),
@@ -292,11 +343,15 @@ import Testing
                     ("huge year", Array(#"{"version":1,"metricsComputedAt":"99999-10-29T14:30:45.123Z"}"#.utf8)),
                     ("year zero", Array(#"{"version":1,"metricsComputedAt":"0000-01-01T00:00:00.000Z"}"#.utf8)),
                     ("far offset", Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123+99:99"}"#.utf8)),
-                    ("trailing garbage", Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}garbage"#.utf8)),
+                    (
+                        "trailing garbage",
+                        Array(#"{"version":1,"metricsComputedAt":"2025-10-29T14:30:45.123Z"}garbage"#.utf8)
+                    ),
                     ("two objects", Array(#"{"version":1}{"version":1}"#.utf8)),
                 ]
                 for (name, bytes) in rawBodies {
-                    let reply = try await send(name, Self.acknowledgePath, method: .post, body: ByteBuffer(bytes: bytes))
+                    let reply = try await send(
+                        name, Self.acknowledgePath, method: .post, body: ByteBuffer(bytes: bytes))
                     // RFC 8259 lets a parser ignore a byte order mark.
                     #expect(reply.status == 400 || (name == "BOM" && reply.status == 200), "\(name): \(reply)")
                 }
@@ -305,7 +360,8 @@ import Testing
                 let admin = TestTokens.bearer(APIServer.adminToken)
                 let paths: [(String, HTTPFields, Set<Int>)] = [
                     ("/v1/admin/recompute/1%27%20OR%20%271%27=%271", admin, [400]),
-                    ("/v1/admin/recompute/99999999999999999999", admin, [400]), ("/v1/admin/recompute/-1", admin, [400]),
+                    ("/v1/admin/recompute/99999999999999999999", admin, [400]),
+                    ("/v1/admin/recompute/-1", admin, [400]),
                     ("/v1/admin/recompute/0", admin, [400]), ("/v1/admin/recompute/NaN", admin, [400]),
                     ("/v1/admin/recompute/1e3", admin, [400]), ("/v1/admin/recompute/%00", admin, [400, 404]),
                     ("/v1/admin/recompute/1;DROP%20TABLE%20users", admin, [400]),
@@ -315,13 +371,19 @@ import Testing
                     ("/v1/profile/metrics/%2e%2e/%2e%2e/admin/recompute", Self.userHeaders, [404]),
                     ("/" + String(repeating: "a/", count: 1500), [:], [404]),
                     ("/%ff%fe%00", [:], [404]), ("/v1/profile/metrics/today%00", Self.userHeaders, [404]),
-                    ("/v1/profile/metrics/today", [.authorization: "Bearer " + String(repeating: "A", count: 10_000)], [401]),
+                    (
+                        "/v1/profile/metrics/today",
+                        [.authorization: "Bearer " + String(repeating: "A", count: 10_000)], [401]
+                    ),
                     ("/v1/profile/metrics/today", [.authorization: "Bearer ' OR '1'='1"], [401]),
                     ("/v1/profile/metrics/today", [.authorization: "Bearer a.b.c"], [401]),
                     ("/v1/profile/metrics/today", [.authorization: "Bearer ....."], [401]),
                     ("/v1/profile/metrics/today", [.authorization: "Bearer \(TestTokens.user(1)) extra"], [401]),
                     ("/v1/admin/recompute", [.authorization: "Bearer " + APIServer.adminToken + "x"], [401]),
-                    ("/v1/admin/recompute", [.authorization: "Bearer " + String(APIServer.adminToken.dropLast())], [401]),
+                    (
+                        "/v1/admin/recompute", [.authorization: "Bearer " + String(APIServer.adminToken.dropLast())],
+                        [401]
+                    ),
                 ]
                 for (path, headers, statuses) in paths {
                     let reply = try await send(path, path, headers: headers)
@@ -329,14 +391,16 @@ import Testing
                 }
                 // The admin trigger takes no body or a JSON object (options, reserved); any other JSON is a 400.
                 for body in ["[null, null]", "[]", "1", "\"x\"", "null", "true", "{", "{}}", "\u{0}"] {
-                    let reply = try await send("trigger \(body)", "/v1/admin/recompute", method: .post, headers: admin,
-                                               body: ByteBuffer(string: body))
+                    let reply = try await send(
+                        "trigger \(body)", "/v1/admin/recompute", method: .post, headers: admin,
+                        body: ByteBuffer(string: body))
                     #expect(reply.status == 400, "trigger body \(body): \(reply)")
                 }
                 #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "0")
                 for body in ["", "{}", #"{"dryRun":false}"#] {
-                    let reply = try await send("trigger \(body)", "/v1/admin/recompute", method: .post, headers: admin,
-                                               body: ByteBuffer(string: body))
+                    let reply = try await send(
+                        "trigger \(body)", "/v1/admin/recompute", method: .post, headers: admin,
+                        body: ByteBuffer(string: body))
                     #expect(reply.status == 202 || reply.status == 200, "trigger body \(body): \(reply)")
                 }
 
@@ -347,15 +411,20 @@ import Testing
                 // A seeded fuzz of acknowledgement bodies: valid JSON with hostile values, and mangled text.
                 var random = SplitMix64(seed: 0x6d65_7472_6963_7364)
                 let values: [String] = [
-                    "1", "2", "0", "-1", "1.5", "1e400", "-1e400", "1e-400", "2147483647", "2147483648", "9223372036854775808",
-                    "1e19", "\"1\"", "\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "true", "false", "null", "[]", "{}", "[1]",
-                    "{\"$gt\":0}", "\"' OR 1=1 --\"", "\"1; DROP TABLE users\"", "\"\\u0000\"", "\"\\n\\r\\t\"", "\"%00\"",
+                    "1", "2", "0", "-1", "1.5", "1e400", "-1e400", "1e-400", "2147483647", "2147483648",
+                    "9223372036854775808",
+                    "1e19", "\"1\"", "\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "true", "false", "null", "[]", "{}",
+                    "[1]",
+                    "{\"$gt\":0}", "\"' OR 1=1 --\"", "\"1; DROP TABLE users\"", "\"\\u0000\"", "\"\\n\\r\\t\"",
+                    "\"%00\"",
                     "\"\(Self.computedAt)\"", "\"2025-10-29T14:30:45.123+00:00\"", "\"2025-10-29T14:30:45Z\"",
                     "\"2025-10-29\"", "\"\"", "\"\\ud83d\\ude00\"", "\"𝕏\"", "\"2025-02-29T00:00:00Z\"",
                     "\"9999-12-31T23:59:59.999Z\"", "\"0001-01-01T00:00:00Z\"", "\"2025-10-29T14:30:45.123456789Z\"",
                     "\"2025-10-29T14:30:45.1234567891Z\"", "\"${jndi:ldap://x}\"", "\"{{7*7}}\"",
                 ]
-                let keys = ["version", "metricsComputedAt", "Version", "version ", "metrics_computed_at", "__proto__", ""]
+                let keys = [
+                    "version", "metricsComputedAt", "Version", "version ", "metrics_computed_at", "__proto__", "",
+                ]
                 var fuzzStatuses: [Int: Int] = [:]
                 let fuzzCount = 600
                 for index in 0..<fuzzCount {
@@ -372,12 +441,15 @@ import Testing
                             switch random.next(upTo: 3) {
                             case 0: scalars.remove(at: at)
                             case 1: scalars.insert(scalars[at], at: at)
-                            default: scalars[at] = ["{", "}", "\"", ":", ",", "\\", "\u{0}", "\u{7f}", "[", "é"][random.next(upTo: 10)]
+                            default:
+                                scalars[at] =
+                                    ["{", "}", "\"", ":", ",", "\\", "\u{0}", "\u{7f}", "[", "é"][random.next(upTo: 10)]
                             }
                         }
                         body = String(String.UnicodeScalarView(scalars))
                     }
-                    let reply = try await send("fuzz \(index): \(body)", Self.acknowledgePath, method: .post, body: ByteBuffer(string: body))
+                    let reply = try await send(
+                        "fuzz \(index): \(body)", Self.acknowledgePath, method: .post, body: ByteBuffer(string: body))
                     fuzzStatuses[reply.status, default: 0] += 1
                     #expect([200, 400, 404].contains(reply.status), "fuzz \(index) \(body): \(reply)")
                     if reply.status == 200 {
@@ -434,7 +506,10 @@ import Testing
             // The 500's log line carries the cause's own code when it has one (a statement the server refused),
             // else the 500's; the body always the 500's.
             for (path, method, body, clientID, loggedCode) in [
-                ("/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?, "database.query_failed"),
+                (
+                    "/v1/profile/metrics/today", HTTPRequest.Method.get, nil as String?, "trace-500-today" as String?,
+                    "database.query_failed"
+                ),
                 (Self.acknowledgePath, .post, ack, "trace-500-ack", "server.internal"),
                 ("/v1/profile/metrics/today", .get, nil, nil, "database.query_failed"),
             ] {
@@ -465,7 +540,8 @@ import Testing
         let url = "postgresql://postgres@127.0.0.1:\(DaemonProcess.freePort())/none?connect_timeout=2"
         let logger = APIServer.quietLogger
         let pool = PostgresPool(
-            settings: try ConnectionSettings(conninfo: url, environment: [:]), configuration: .init(size: 2), logger: logger)
+            settings: try ConnectionSettings(conninfo: url, environment: [:]), configuration: .init(size: 2),
+            logger: logger)
         let store = PostgresStore(pool: pool, formula: .current, logger: logger)
         try await APIServer.run(store: store, jobs: RecomputeJobs(pool: pool)) { port in
             try await Self.expectUnavailable(port: port)
@@ -483,7 +559,8 @@ import Testing
             try await TestDatabase.admin { connection in
                 try connection.execute("ALTER DATABASE \(database.name) WITH ALLOW_CONNECTIONS false")
                 try connection.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(database.name)' AND pid <> pg_backend_pid()")
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(database.name)' AND pid <> pg_backend_pid()"
+                )
             }
             try await Self.expectUnavailable(port: daemon.port)
             try await TestDatabase.admin { connection in
@@ -510,10 +587,14 @@ import Testing
             let reply = try await API.send(
                 port: port, path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) })
             expectErrorBody(reply, status: 503, codes: AppError.Code.databaseCodes, sourceLocation: sourceLocation)
-            #expect(reply.headers[.retryAfter].flatMap { Int($0) }.map { $0 > 0 } == true,
-                    "\(method) \(path): Retry-After \(String(describing: reply.headers[.retryAfter]))", sourceLocation: sourceLocation)
+            #expect(
+                reply.headers[.retryAfter].flatMap { Int($0) }.map { $0 > 0 } == true,
+                "\(method) \(path): Retry-After \(String(describing: reply.headers[.retryAfter]))",
+                sourceLocation: sourceLocation)
             // Fast, not a hang (generous: the whole test suite may be loading the machine).
-            #expect(ContinuousClock.now - started < .seconds(15), "\(method) \(path) took too long", sourceLocation: sourceLocation)
+            #expect(
+                ContinuousClock.now - started < .seconds(15), "\(method) \(path) took too long",
+                sourceLocation: sourceLocation)
         }
         // /readyz may answer from its last probe for up to a second (it says so in `ageSeconds`), then 503.
         let notReady = try await DaemonProcess.eventually(timeout: .seconds(3)) {

@@ -1,10 +1,10 @@
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HealthMetrics
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdTestSupport
 import Testing
 
 /// HTTP: `GET /v1/profile/metrics/today` over real HTTP against the real database, field for field as
@@ -14,7 +14,9 @@ import Testing
 
     /// Checks the documented body shape (exact key sets at every level, types); returns `data`.
     @discardableResult
-    static func expectTodayShape(_ reply: APIReply, sourceLocation: SourceLocation = #_sourceLocation) throws -> JSONValue {
+    static func expectTodayShape(_ reply: APIReply, sourceLocation: SourceLocation = #_sourceLocation) throws
+        -> JSONValue
+    {
         #expect(reply.status == 200, "\(reply)", sourceLocation: sourceLocation)
         #expect(reply.headers[.contentType]?.hasPrefix("application/json") == true, sourceLocation: sourceLocation)
         #expect(reply.requestID?.isEmpty == false, sourceLocation: sourceLocation)
@@ -22,14 +24,16 @@ import Testing
         #expect(body.keys == ["success", "data"], sourceLocation: sourceLocation)
         #expect(body["success"] == .bool(true), sourceLocation: sourceLocation)
         let data = try #require(body["data"], sourceLocation: sourceLocation)
-        #expect(data.keys == ["metrics", "explanations", "acknowledged", "acknowledgement"], sourceLocation: sourceLocation)
+        #expect(
+            data.keys == ["metrics", "explanations", "acknowledged", "acknowledgement"], sourceLocation: sourceLocation)
         let metrics = try #require(data["metrics"], sourceLocation: sourceLocation)
         #expect(metrics.keys == ["bmi", "bmr", "tdee", "computedAt", "version"], sourceLocation: sourceLocation)
         #expect(metrics["bmi"]?.number != nil, "bmi is a number: \(reply)", sourceLocation: sourceLocation)
         #expect(metrics["bmr"]?.int != nil, "bmr is an integer: \(reply)", sourceLocation: sourceLocation)
         #expect(metrics["tdee"]?.int != nil, "tdee is an integer: \(reply)", sourceLocation: sourceLocation)
         #expect(metrics["version"]?.int != nil, "version is an integer: \(reply)", sourceLocation: sourceLocation)
-        #expect(isISOMilliseconds(metrics["computedAt"]?.string), "computedAt: \(reply)", sourceLocation: sourceLocation)
+        #expect(
+            isISOMilliseconds(metrics["computedAt"]?.string), "computedAt: \(reply)", sourceLocation: sourceLocation)
         let explanations = try #require(data["explanations"], sourceLocation: sourceLocation)
         #expect(explanations.keys == ["bmi", "bmr", "tdee"], sourceLocation: sourceLocation)
         for key in ["bmi", "bmr", "tdee"] {
@@ -56,14 +60,18 @@ import Testing
             try await APIServer.run(database: database) { port in
                 let reply = try await API.today(port: port, user: 1)
                 let data = try Self.expectTodayShape(reply)
-                #expect(data["metrics"] == .object([
-                    "bmi": .number(24.5), "bmr": .number(1650), "tdee": .number(2475),
-                    "computedAt": .string("2025-10-29T14:30:45.123Z"), "version": .number(1),
-                ]))
+                #expect(
+                    data["metrics"]
+                        == .object([
+                            "bmi": .number(24.5), "bmr": .number(1650), "tdee": .number(2475),
+                            "computedAt": .string("2025-10-29T14:30:45.123Z"), "version": .number(1),
+                        ]))
                 #expect(data["acknowledged"] == .bool(false))
                 #expect(data["acknowledgement"] == .null)
                 // Written exactly: the decimal as stored, `null` spelled out, UTC with milliseconds.
-                #expect(reply.text.contains(#""bmi":24.5,"bmr":1650,"tdee":2475,"computedAt":"2025-10-29T14:30:45.123Z","version":1"#))
+                #expect(
+                    reply.text.contains(
+                        #""bmi":24.5,"bmr":1650,"tdee":2475,"computedAt":"2025-10-29T14:30:45.123Z","version":1"#))
                 #expect(reply.text.contains(#""acknowledged":false,"acknowledgement":null"#))
                 #expect(data["explanations"]?["bmi"]?.string?.contains("24.5") == true)
             }
@@ -97,15 +105,19 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([.valid(1), .valid(2)])
             // By computed_at, not by date or version: the newest row is version 2 for an older date.
-            try await database.insertMetrics(user: 1, bmi: "20.0", date: "2025-10-27", computedAt: "2025-10-27T00:05:00Z")
-            try await database.insertMetrics(user: 1, bmi: "21.0", date: "2025-10-28", computedAt: "2025-10-28T00:05:00Z")
+            try await database.insertMetrics(
+                user: 1, bmi: "20.0", date: "2025-10-27", computedAt: "2025-10-27T00:05:00Z")
+            try await database.insertMetrics(
+                user: 1, bmi: "21.0", date: "2025-10-28", computedAt: "2025-10-28T00:05:00Z")
             try await database.insertMetrics(
                 user: 1, bmi: "22.0", version: 2, date: "2025-10-28", computedAt: "2025-10-28T09:00:00.500Z")
-            try await database.insertMetrics(user: 1, bmi: "23.0", date: "2025-10-29", computedAt: "2025-10-28T08:59:59.999Z")
+            try await database.insertMetrics(
+                user: 1, bmi: "23.0", date: "2025-10-29", computedAt: "2025-10-28T08:59:59.999Z")
             try await database.insertMetrics(
                 user: 1, bmi: "24.0", version: 2, date: "2025-10-26", computedAt: "2025-10-26T00:05:00Z")
             // Another user's newer row never leaks in.
-            try await database.insertMetrics(user: 2, bmi: "30.0", date: "2025-10-30", computedAt: "2025-10-30T00:05:00Z")
+            try await database.insertMetrics(
+                user: 2, bmi: "30.0", date: "2025-10-30", computedAt: "2025-10-30T00:05:00Z")
             try await APIServer.run(database: database, formula: .rehearsal(version: 2)) { port in
                 let data = try Self.expectTodayShape(try await API.today(port: port, user: 1))
                 #expect(data["metrics"]?["bmi"] == .number(22.0))
@@ -113,7 +125,8 @@ import Testing
                 #expect(data["metrics"]?["computedAt"] == .string("2025-10-28T09:00:00.500Z"))
                 // A row recomputed later (same date and version, computed_at moved forward) wins next.
                 try await database.execute(
-                    "UPDATE profile_metrics SET bmi = 25.0, computed_at = '2025-10-28T09:00:00.501Z' WHERE user_id = 1 AND bmi = 20.0")
+                    "UPDATE profile_metrics SET bmi = 25.0, computed_at = '2025-10-28T09:00:00.501Z' WHERE user_id = 1 AND bmi = 20.0"
+                )
                 let next = try Self.expectTodayShape(try await API.today(port: port, user: 1))
                 #expect(next["metrics"]?["bmi"] == .number(25.0))
                 #expect(next["metrics"]?["version"] == .number(1))
@@ -173,7 +186,10 @@ import Testing
     @Test(arguments: [
         (SeedUser(id: 1, height: "72.0"), ["height 72 cm is outside 100–250 cm"]),
         (SeedUser(id: 1, weight: "301.00"), ["weight 301 kg is outside 30–300 kg"]),
-        (SeedUser(id: 1, dateOfBirth: nil, gender: "robot"), ["date of birth is missing", "gender 'robot' is not one of"]),
+        (
+            SeedUser(id: 1, dateOfBirth: nil, gender: "robot"),
+            ["date of birth is missing", "gender 'robot' is not one of"]
+        ),
         (SeedUser(id: 1, activity: "couch"), ["activity level 'couch' is not one of"]),
         (SeedUser(id: 1, onboardingCompleted: false), ["onboarding is not completed"]),
         (SeedUser(id: 1, hasSettings: false), ["no settings"]),
@@ -221,16 +237,35 @@ import Testing
                     ("two parts", TestTokens.bearer(parts[0] + "." + parts[1]), [.token(.malformed)]),
                     ("four parts", TestTokens.bearer(valid + ".x"), [.token(.malformed)]),
                     ("not base64url", TestTokens.bearer(parts[0] + ".@@@." + parts[2]), [.token(.malformed)]),
-                    ("header not JSON", TestTokens.bearer("bm90IGpzb24." + parts[1] + "." + parts[2]), [.token(.malformedHeader)]),
-                    ("wrong signature", TestTokens.bearer(parts[0] + "." + parts[1] + "." + String(signature)), [.token(.badSignature)]),
+                    (
+                        "header not JSON", TestTokens.bearer("bm90IGpzb24." + parts[1] + "." + parts[2]),
+                        [.token(.malformedHeader)]
+                    ),
+                    (
+                        "wrong signature", TestTokens.bearer(parts[0] + "." + parts[1] + "." + String(signature)),
+                        [.token(.badSignature)]
+                    ),
                     ("no signature", TestTokens.bearer(parts[0] + "." + parts[1] + "."), [.token(.badSignature)]),
-                    ("payload swapped", TestTokens.bearer(parts[0] + "." + TestTokens.user(2).split(separator: ".")[1] + "." + parts[2]),
-                     [.token(.badSignature)]),
+                    (
+                        "payload swapped",
+                        TestTokens.bearer(
+                            parts[0] + "." + TestTokens.user(2).split(separator: ".")[1] + "." + parts[2]),
+                        [.token(.badSignature)]
+                    ),
                     ("expired", TestTokens.bearer(TestTokens.user(1, expiresIn: -3600)), [.token(.expired)]),
-                    ("other secret", TestTokens.bearer(TestTokens.user(1, secret: "another-secret-of-at-least-32-bytes-0123456789")),
-                     [.token(.badSignature)]),
-                    ("no exp", TestTokens.bearer(TestTokens.sign(header: ["alg": "HS256", "typ": "JWT"], claims: ["sub": "1"], secret: APIServer.jwtSecret)),
-                     [.token(.noExpiry)]),
+                    (
+                        "other secret",
+                        TestTokens.bearer(TestTokens.user(1, secret: "another-secret-of-at-least-32-bytes-0123456789")),
+                        [.token(.badSignature)]
+                    ),
+                    (
+                        "no exp",
+                        TestTokens.bearer(
+                            TestTokens.sign(
+                                header: ["alg": "HS256", "typ": "JWT"], claims: ["sub": "1"],
+                                secret: APIServer.jwtSecret)),
+                        [.token(.noExpiry)]
+                    ),
                     ("admin token", TestTokens.bearer(APIServer.adminToken), [.token(.malformed)]),
                 ]
                 for (name, headers, codes) in cases {
@@ -241,7 +276,9 @@ import Testing
                 }
                 // The valid token itself passes.
                 #expect(try await API.send(port: port, Self.path, headers: TestTokens.bearer(valid)).status == 200)
-                #expect(try await API.send(port: port, Self.path, headers: [.authorization: "bearer \(valid)"]).status == 200)
+                #expect(
+                    try await API.send(port: port, Self.path, headers: [.authorization: "bearer \(valid)"]).status
+                        == 200)
             }
         }
     }

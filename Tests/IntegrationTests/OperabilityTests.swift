@@ -1,9 +1,9 @@
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
 import HealthMetrics
 import HummingbirdTesting
 import MetricsdPostgres
+import MetricsdTestSupport
 import MetricsdWork
 import Testing
 
@@ -58,7 +58,8 @@ import Testing
             #expect(try await database.value(monthly) == "0")
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "0"]),
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: ["METRICSD_WORKERS": "0"]),
                 port: port)
             try await daemon.waitUntilReady()
             // The current month and the two after it, at least (a third after it when two months from now is
@@ -71,8 +72,10 @@ import Testing
                 daemon.log.contains("Added monthly partitions of profile_metrics")
             }
             #expect(logged, "\(daemon.log.suffix(2000))")
-            #expect(try await database.value(
-                "SELECT count(*) FROM profile_metrics_\(month.prefix(7).replacingOccurrences(of: "-", with: "_"))") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM profile_metrics_\(month.prefix(7).replacingOccurrences(of: "-", with: "_"))")
+                    == "0")
         }
     }
 
@@ -80,20 +83,24 @@ import Testing
     /// with METRICSD_HISTORY_MOVE=off leaves it (and /metrics shows it waiting: active, nothing copied); an instance
     /// at the default moves it to the end and says so in its log, and /metrics and `metricsd status` say it is done.
     @Test func theDaemonMovesAnUpgradedHistory() async throws {
-        try await withCleanup(try await TestDatabase.upgradedInstall(users: 30, days: 100), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await TestDatabase.upgradedInstall(users: 30, days: 100)) { database in
             _ = try await database.migrate()
             let source = try #require(try await database.value("SELECT source FROM history_move"))
             let months = try #require(try await database.value("SELECT count(*) FROM history_move_months"))
             let before = try DaemonProcess(arguments: ["status"], environment: ["DATABASE_URL": database.url])
             #expect(await before.waitForExit() == 0)
-            #expect(before.log.contains("history move: copying \(source) into monthly partitions: 0 of \(months) months, 0 of ~3000 rows (0.0%)"),
-                    "\(before.log)")
+            #expect(
+                before.log.contains(
+                    "history move: copying \(source) into monthly partitions: 0 of \(months) months, 0 of ~3000 rows (0.0%)"
+                ),
+                "\(before.log)")
             let settings = ["METRICSD_TICK_SECONDS": "0.2"]
 
             var port = DaemonProcess.freePort()
             let off = try DaemonProcess(
                 environment: DaemonProcess.environment(
-                    databaseURL: database.url, port: port, extra: settings.merging(["METRICSD_HISTORY_MOVE": "off"]) { $1 }),
+                    databaseURL: database.url, port: port,
+                    extra: settings.merging(["METRICSD_HISTORY_MOVE": "off"]) { $1 }),
                 port: port)
             try await off.waitUntilReady()
             var scraped: [String: Double] = [:]
@@ -111,7 +118,8 @@ import Testing
 
             port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: settings), port: port)
+                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: settings),
+                port: port)
             try await daemon.waitUntilReady()
             // Done, and a tick after it the gauges say so (they read 0 before the first tick).
             let moved = await DaemonProcess.eventually(timeout: .seconds(60)) {
@@ -128,7 +136,8 @@ import Testing
 
             let after = try DaemonProcess(arguments: ["status", "--json"], environment: ["DATABASE_URL": database.url])
             #expect(await after.waitForExit() == 0)
-            let json = try #require(try JSONSerialization.jsonObject(with: Data(after.log.utf8)) as? [String: Any], "\(after.log)")
+            let json = try #require(
+                try JSONSerialization.jsonObject(with: Data(after.log.utf8)) as? [String: Any], "\(after.log)")
             let move = try #require(json["historyMove"] as? [String: Any], "\(json)")
             #expect(move["state"] as? String == "done")
             #expect(move["rowsCopied"] as? Int == 3000)
@@ -141,15 +150,17 @@ import Testing
     /// table) does not wait for the build: the build is cancelled on the server and the daemon exits at once,
     /// cleanly; the month is indexed later.
     @Test func aStopDoesNotWaitForTheHistoryMovesIndexBuild() async throws {
-        try await withCleanup(try await TestDatabase.upgradedInstall(users: 20, days: 40), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await TestDatabase.upgradedInstall(users: 20, days: 40)) { database in
             _ = try await database.migrate()
             let queue = WorkQueue(pool: database.pool, formula: .current, owner: "test", logger: database.logger)
             while try await database.value("SELECT state FROM history_move") == "copying" {
                 _ = try await queue.moveHistory(batchRows: 1000)
             }
-            let month = try #require(try await database.value("SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
+            let month = try #require(
+                try await database.value("SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
             let blocker = PostgresPool(
-                settings: try ConnectionSettings(conninfo: database.url, environment: [:]), configuration: .init(size: 1),
+                settings: try ConnectionSettings(conninfo: database.url, environment: [:]),
+                configuration: .init(size: 1),
                 logger: database.logger)
             try await blocker.withConnection { try $0.execute("BEGIN; LOCK TABLE \(month) IN ROW EXCLUSIVE MODE") }
             let port = DaemonProcess.freePort()
@@ -158,7 +169,8 @@ import Testing
             try await daemon.waitUntilReady()
             let building = await DaemonProcess.eventually(timeout: .seconds(20)) {
                 (try? await database.value(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
+                ))
                     == "1"
             }
             #expect(building, "\(daemon.log.suffix(2000))")
@@ -169,7 +181,10 @@ import Testing
             #expect(!daemon.log.contains("History move step failed"), "\(daemon.log.suffix(2000))")
             try await blocker.withConnection { try $0.execute("ROLLBACK") }
             await blocker.close()
-            #expect(try await database.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE %INDEX CONCURRENTLY%' AND state = 'active'") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE %INDEX CONCURRENTLY%' AND state = 'active'"
+                ) == "0")
         }
     }
 
@@ -180,10 +195,12 @@ import Testing
             try await database.seed(users)
             // Onboarded long ago: only the daily unit computes them.
             try await database.execute(
-                "SET session_replication_role = replica; UPDATE user_settings SET updated_at = now() - interval '1 day'; SET session_replication_role = DEFAULT")
+                "SET session_replication_role = replica; UPDATE user_settings SET updated_at = now() - interval '1 day'; SET session_replication_role = DEFAULT"
+            )
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: ["METRICSD_DAILY_AT": "00:00"]),
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: ["METRICSD_DAILY_AT": "00:00"]),
                 port: port)
             try await daemon.waitUntilReady()
             let unitDone = await DaemonProcess.eventually {
@@ -202,37 +219,53 @@ import Testing
             #expect(PrometheusScrape.value(scraped, "metricsd_users_written_total", ["kind": "daily"]) == 295)
             #expect(PrometheusScrape.value(scraped, "metricsd_users_already_current_total", ["kind": "daily"]) == 0)
             #expect(PrometheusScrape.value(scraped, "metricsd_users_skipped_total", ["kind": "daily"]) == 5)
-            #expect(PrometheusScrape.value(scraped, "metricsd_skip_reasons_total", ["kind": "daily", "reason": "out_of_range"]) == 5)
+            #expect(
+                PrometheusScrape.value(
+                    scraped, "metricsd_skip_reasons_total", ["kind": "daily", "reason": "out_of_range"]) == 5)
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_users_waiting") == 0)
             #expect(PrometheusScrape.value(scraped, "metricsd_work_leases_taken_over_total", ["kind": "daily"]) == 0)
             // The unit fell due at 00:00 UTC today; it ended now: its delay is the time since midnight.
             let sinceMidnight = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 86_400)
             let delaySum = try #require(PrometheusScrape.value(scraped, "metricsd_daily_unit_delay_seconds_sum"))
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_unit_delay_seconds_count") == 1)
-            #expect(delaySum > sinceMidnight - 120 && delaySum <= sinceMidnight + 1, "delay \(delaySum) s, midnight \(sinceMidnight) s ago")
+            #expect(
+                delaySum > sinceMidnight - 120 && delaySum <= sinceMidnight + 1,
+                "delay \(delaySum) s, midnight \(sinceMidnight) s ago")
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_units_completed_total") == 1)
             // Each row written is one observation of its lateness, under the zone's UTC offset: 295 rows of UTC
             // users, each committed about the time since midnight after its due instant.
             let lateness = ["utc_offset": "+00:00"]
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_lateness_seconds_count", lateness) == 295)
-            let latenessSum = try #require(PrometheusScrape.value(scraped, "metricsd_daily_lateness_seconds_sum", lateness))
+            let latenessSum = try #require(
+                PrometheusScrape.value(scraped, "metricsd_daily_lateness_seconds_sum", lateness))
             #expect(
                 latenessSum > 295 * (sinceMidnight - 120) && latenessSum <= 295 * (sinceMidnight + 1),
                 "lateness \(latenessSum / 295) s per row, midnight \(sinceMidnight) s ago")
-            #expect(!scraped.keys.contains { $0.hasPrefix("metricsd_daily_lateness_seconds") && $0.contains("unknown") })
+            #expect(
+                !scraped.keys.contains { $0.hasPrefix("metricsd_daily_lateness_seconds") && $0.contains("unknown") })
             #expect(PrometheusScrape.value(scraped, "metricsd_build_info", ["formula_version": "1"]) == 1)
             #expect(PrometheusScrape.value(scraped, "metricsd_db_pool_connections", ["state": "open"]) != nil)
             #expect(PrometheusScrape.value(scraped, "metricsd_daily_oldest_overdue_unit_age_seconds") != nil)
             #expect(scraped.keys.contains { $0.hasPrefix("metricsd_daily_unit_duration_seconds_bucket") })
 
             // HTTP requests by route and status, and the latency histogram.
-            let before = PrometheusScrape.value(scraped, "metricsd_http_requests_total", ["route": "/healthz", "status": "200"]) ?? 0
+            let before =
+                PrometheusScrape.value(scraped, "metricsd_http_requests_total", ["route": "/healthz", "status": "200"])
+                ?? 0
             for _ in 0..<3 { _ = try await daemon.request("/healthz") }
             _ = try await daemon.request("/v1/profile/metrics/today")
             scraped = try await PrometheusScrape.scrape(daemon)
-            #expect(PrometheusScrape.value(scraped, "metricsd_http_requests_total", ["route": "/healthz", "status": "200"]) == before + 3)
-            #expect(PrometheusScrape.value(scraped, "metricsd_http_requests_total", ["route": "/v1/profile/metrics/today", "status": "401"]) == 1)
-            #expect(scraped.keys.contains { $0.hasPrefix("metricsd_http_request_duration_seconds_bucket") && $0.contains("/healthz") })
+            #expect(
+                PrometheusScrape.value(scraped, "metricsd_http_requests_total", ["route": "/healthz", "status": "200"])
+                    == before + 3)
+            #expect(
+                PrometheusScrape.value(
+                    scraped, "metricsd_http_requests_total", ["route": "/v1/profile/metrics/today", "status": "401"])
+                    == 1)
+            #expect(
+                scraped.keys.contains {
+                    $0.hasPrefix("metricsd_http_request_duration_seconds_bucket") && $0.contains("/healthz")
+                })
 
             // A recompute of the same version after the daily unit: every user is current, so no job.
             let admin = TestTokens.bearer(DaemonProcess.secrets.adminToken)
@@ -247,7 +280,9 @@ import Testing
             let text = try await PrometheusScrape.scrapeText(daemon)
             #expect(PrometheusScrape.undocumentedFamilies(text) == [])
             let lint = try Self.promtool(text)
-            #expect(lint.status == 0 && lint.output.isEmpty, "promtool check metrics (exit \(lint.status)):\n\(lint.output)")
+            #expect(
+                lint.status == 0 && lint.output.isEmpty, "promtool check metrics (exit \(lint.status)):\n\(lint.output)"
+            )
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)
         }
@@ -265,7 +300,8 @@ import Testing
                                'America/Los_Angeles', 'Australia/Sydney', 'Asia/Dubai', 'America/Sao_Paulo')
                   AND (now() AT TIME ZONE name)::time > time '01:10'
                 ORDER BY name LIMIT 3
-                """).compactMap { $0.first ?? nil }
+                """
+            ).compactMap { $0.first ?? nil }
             try #require(zones.count == 3, "need three zones past 01:10 local time")
             let (done, running, overdue) = (zones[0], zones[1], zones[2])
             var users: [SeedUser] = []
@@ -296,15 +332,21 @@ import Testing
                 INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date)
                 SELECT id, 22.0, 1500, 2000, 1, current_date FROM users WHERE id BETWEEN 2 AND 10;
                 """)
-            let status = try DaemonProcess(arguments: ["status", "--json"], environment: ["DATABASE_URL": database.url])
+            let status = try DaemonProcess(
+                arguments: ["status", "--json"], environment: ["DATABASE_URL": database.url])
             #expect(await status.waitForExit() == 0, "\(status.log)")
-            let json = try #require(try JSONSerialization.jsonObject(with: Data(status.log.utf8)) as? [String: Any], "\(status.log)")
+            let json = try #require(
+                try JSONSerialization.jsonObject(with: Data(status.log.utf8)) as? [String: Any], "\(status.log)")
             #expect((json["schema"] as? [String: Any])?["current"] as? Bool == true)
             let instances = try #require(json["instances"] as? [[String: Any]])
-            #expect(instances.filter { $0["alive"] as? Bool == true }.compactMap { $0["id"] as? String }.sorted() == ["host-a:1:aa", "host-b:2:bb"])
-            let zoneStates = Dictionary(uniqueKeysWithValues: try #require(json["zones"] as? [[String: Any]]).map {
-                ($0["timezone"] as? String ?? "", $0)
-            })
+            #expect(
+                instances.filter { $0["alive"] as? Bool == true }.compactMap { $0["id"] as? String }.sorted() == [
+                    "host-a:1:aa", "host-b:2:bb",
+                ])
+            let zoneStates = Dictionary(
+                uniqueKeysWithValues: try #require(json["zones"] as? [[String: Any]]).map {
+                    ($0["timezone"] as? String ?? "", $0)
+                })
             #expect(zoneStates[done]?["state"] as? String == "done")
             #expect(zoneStates[running]?["state"] as? String == "running")
             #expect(zoneStates[running]?["runningBy"] as? [String] == ["host-b:2:bb"])
@@ -331,9 +373,12 @@ import Testing
 
             let text = try DaemonProcess(arguments: ["status"], environment: ["DATABASE_URL": database.url])
             #expect(await text.waitForExit() == 0)
-            for expected in ["instances: 2 alive", "daily units (3 zones): done 1, running 1, pending 0, overdue 1", "OVERDUE", "unknown_gender", "v1 (current)",
-                             "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)",
-                             "read servers: none (every latest read goes to DATABASE_URL"] {
+            for expected in [
+                "instances: 2 alive", "daily units (3 zones): done 1, running 1, pending 0, overdue 1", "OVERDUE",
+                "unknown_gender", "v1 (current)",
+                "retention: off (METRICSD_RETENTION_DAYS=0: every row is kept)",
+                "read servers: none (every latest read goes to DATABASE_URL",
+            ] {
                 #expect(text.log.contains(expected), "status output lacks '\(expected)':\n\(text.log)")
             }
         }
@@ -364,10 +409,14 @@ import Testing
                 (try? await database.value("SELECT count(*) FROM retention_runs WHERE state = 'done'")) == "1"
             }
             #expect(ran, "\(daemon.log)")
-            let old = "SELECT user_id, (now() - computed_at) > interval '60 days' FROM profile_metrics WHERE computed_at < now() - interval '30 days' ORDER BY user_id"
+            let old =
+                "SELECT user_id, (now() - computed_at) > interval '60 days' FROM profile_metrics WHERE computed_at < now() - interval '30 days' ORDER BY user_id"
             let kept = try await database.rows(old)
             #expect(kept.map { $0[0] } == (11...20).map { "\($0)" }, "rows older than 30 days left: \(kept)")
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id <= 10 AND computed_at < now() - interval '9 days'") == "10")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM profile_metrics WHERE user_id <= 10 AND computed_at < now() - interval '9 days'"
+                ) == "10")
 
             var scraped: [String: Double] = [:]
             let reported = await DaemonProcess.eventually(timeout: .seconds(10)) {
@@ -382,12 +431,15 @@ import Testing
 
             let status = try DaemonProcess(arguments: ["status", "--json"], environment: environment)
             #expect(await status.waitForExit() == 0, "\(status.log)")
-            let json = try #require(try JSONSerialization.jsonObject(with: Data(status.log.utf8)) as? [String: Any], "\(status.log)")
+            let json = try #require(
+                try JSONSerialization.jsonObject(with: Data(status.log.utf8)) as? [String: Any], "\(status.log)")
             let retention = try #require(json["retention"] as? [String: Any], "\(json)")
             #expect(retention["days"] as? Int == 30)
             #expect((retention["behindSeconds"] as? Double ?? .infinity) < 600, "\(retention)")
             let run = try #require(retention["latestRun"] as? [String: Any], "\(retention)")
-            #expect(run["state"] as? String == "done" && run["rowsRemoved"] as? Int == 20 && run["fullPass"] as? Bool == true, "\(run)")
+            #expect(
+                run["state"] as? String == "done" && run["rowsRemoved"] as? Int == 20
+                    && run["fullPass"] as? Bool == true, "\(run)")
             let text = try DaemonProcess(arguments: ["status"], environment: environment)
             #expect(await text.waitForExit() == 0)
             #expect(text.log.contains("retention: rows older than 30 days are removed; caught up"), "\(text.log)")

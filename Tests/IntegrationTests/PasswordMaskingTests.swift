@@ -2,9 +2,9 @@ import Foundation
 import Glibc
 import HTTPTypes
 import HummingbirdTesting
-import NIOPosix
 import MetricsdPostgres
 import MetricsdTestSupport
+import NIOPosix
 import Testing
 
 /// A password in the database settings is never printed back: not by `metricsd migrate`, `check-config` or
@@ -23,17 +23,20 @@ import Testing
 
     static let malformed: [Malformed] = [
         Malformed(
-            name: "unclosed IPv6 bracket", url: "postgresql://masked:Br4cketLeakPw@[::1:5432/masked", password: "Br4cketLeakPw",
+            name: "unclosed IPv6 bracket", url: "postgresql://masked:Br4cketLeakPw@[::1:5432/masked",
+            password: "Br4cketLeakPw",
             shows: #"in IPv6 host address in URI: "postgresql://masked:***@[::1:5432/masked""#),
         Malformed(
-            name: "bad percent-escape", url: "postgresql://masked:Wd3%zzEscapePw@127.0.0.1:5432/masked", password: "Wd3%zzEscapePw",
+            name: "bad percent-escape", url: "postgresql://masked:Wd3%zzEscapePw@127.0.0.1:5432/masked",
+            password: "Wd3%zzEscapePw",
             shows: #"invalid percent-encoded token: "***""#),
         Malformed(
             name: "bad percent-escape in a password parameter",
             url: "postgresql://masked@127.0.0.1:5432/masked?password=Qu3ry%zzLeakPw", password: "Qu3ry%zzLeakPw",
             shows: #"invalid percent-encoded token: "***""#),
         Malformed(
-            name: "unescaped @ in the password", url: "postgresql://masked:Xx@Yt9AtSignPw@127.0.0.1:5432/masked?connect_timeout=3",
+            name: "unescaped @ in the password",
+            url: "postgresql://masked:Xx@Yt9AtSignPw@127.0.0.1:5432/masked?connect_timeout=3",
             password: "Xx@Yt9AtSignPw", shows: #"could not translate host name "***@127.0.0.1""#),
         Malformed(
             name: "unescaped / in the password", url: "postgresql://masked:ab/cdSlashLeakPw@127.0.0.1:5432/masked",
@@ -45,7 +48,8 @@ import Testing
             name: "unknown parameter", url: "postgresql://masked:UnknownParamPw@127.0.0.1:5432/masked?sslmod=disable",
             password: "UnknownParamPw", shows: #"invalid URI query parameter: "sslmod""#),
         Malformed(
-            name: "unknown keyword", url: "host=127.0.0.1 port=5432 user=masked password=Kw0rdLeakPw dbname=masked bogus=1",
+            name: "unknown keyword",
+            url: "host=127.0.0.1 port=5432 user=masked password=Kw0rdLeakPw dbname=masked bogus=1",
             password: "Kw0rdLeakPw", shows: #"invalid connection option "bogus""#),
     ]
 
@@ -54,7 +58,9 @@ import Testing
         _ text: String, of password: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation
     ) {
         let separators: Set<Character> = ["@", ":", "/", "?", "#", "&", "=", "%", "[", "]"]
-        let pieces: [String] = password.split(whereSeparator: { separators.contains($0) }).map(String.init).filter { $0.count >= 3 }
+        let pieces: [String] = password.split(whereSeparator: { separators.contains($0) }).map(String.init).filter {
+            $0.count >= 3
+        }
         for secret in [password] + pieces {
             #expect(!text.contains(secret), "\(what) shows \(secret):\n\(text)", sourceLocation: sourceLocation)
         }
@@ -72,9 +78,12 @@ import Testing
 
         let files = try CommandLineTests.HostFiles(settings: "DATABASE_URL=\(malformed.url)\n")
         let check = try await CommandLineTests.metricsd(
-            ["check-config"], files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
+            ["check-config"],
+            files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
         #expect(check.status == 78, "\(check)")
-        #expect(check.stderr.contains("metricsd: DATABASE_URL: ") && check.stderr.contains(malformed.shows), "\(check.stderr)")
+        #expect(
+            check.stderr.contains("metricsd: DATABASE_URL: ") && check.stderr.contains(malformed.shows),
+            "\(check.stderr)")
         Self.expectNoLeak(check.stdout + check.stderr, of: malformed.password, "check-config")
     }
 
@@ -89,19 +98,25 @@ import Testing
             databaseURL: malformed.url, port: port, extra: ["NOTIFY_SOCKET": manager.address])
         let daemon = try DaemonProcess(environment: environment, port: port)
         let status = try #require(
-            await manager.first(timeout: .seconds(20)) { $0.value("STATUS").map { $0.contains(malformed.shows) } ?? false },
+            await manager.first(timeout: .seconds(20)) {
+                $0.value("STATUS").map { $0.contains(malformed.shows) } ?? false
+            },
             "no STATUS= showing \(malformed.shows):\n\(manager.transcript)\nlog:\n\(daemon.log)")
         if status.value("STATUS")?.hasPrefix("waiting for database: ") == true {
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log)")
             #expect(daemon.log.contains("Waiting for database"), "\(daemon.log)")
         } else {
-            #expect(status.value("STATUS")?.hasPrefix("failed: configuration error: DATABASE_URL is not valid: ") == true, "\(status)")
+            #expect(
+                status.value("STATUS")?.hasPrefix("failed: configuration error: DATABASE_URL is not valid: ") == true,
+                "\(status)")
             #expect(await daemon.waitForExit(timeout: .seconds(10)) == 1, "\(daemon.log)")
             // Warnings (a password inside DATABASE_URL is one) may come first; the error is one line.
             let errors = daemon.log.split(separator: "\n").filter { $0.hasPrefix("Error: ") }
             #expect(errors.count == 1, "\(daemon.log)")
-            #expect(errors.first?.hasPrefix("Error: configuration error: DATABASE_URL is not valid: ") == true, "\(daemon.log)")
+            #expect(
+                errors.first?.hasPrefix("Error: configuration error: DATABASE_URL is not valid: ") == true,
+                "\(daemon.log)")
             #expect(errors.first?.contains(malformed.shows) == true, "\(daemon.log)")
         }
         Self.expectNoLeak(daemon.log, of: malformed.password, "serve's output")
@@ -114,24 +129,33 @@ import Testing
         let url = "postgresql://masked:Ch3ckConfigLeakPw@127.0.0.1:5432/masked"
         let secret = "jwt-secret-in-a-bad-line-0123456789abcdef"
         for (line, shows, password) in [
-            ("DATABASE_URL \(url)", "got 'DATABASE_URL postgresql://masked:***@127.0.0.1:5432/masked'", "Ch3ckConfigLeakPw"),
+            (
+                "DATABASE_URL \(url)", "got 'DATABASE_URL postgresql://masked:***@127.0.0.1:5432/masked'",
+                "Ch3ckConfigLeakPw"
+            ),
             ("METRICSD_JWT_SECRET \(secret)", "got 'METRICSD_JWT_SECRET ***'", secret),
             ("PGPASSWORD \"Pg Pass Leak\"", "got 'PGPASSWORD ***'", "Pg Pass Leak"),
-            ("DATABASE_URL host=db password=KwLineLeakPw x=y", "'DATABASE_URL host' is not a variable name", "KwLineLeakPw"),
+            (
+                "DATABASE_URL host=db password=KwLineLeakPw x=y", "'DATABASE_URL host' is not a variable name",
+                "KwLineLeakPw"
+            ),
         ] {
             let files = try CommandLineTests.HostFiles(settings: "METRICSD_WORKERS=1\n\(line)\n")
             let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
             #expect(check.status == 78, "\(check)")
-            #expect(check.stderr == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: expected NAME=value, \(shows) [config.file_syntax]\n"
-                || check.stderr
-                    == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: \(shows) (letters, digits and _, not starting with a digit) [config.file_syntax]\n",
+            #expect(
+                check.stderr
+                    == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: expected NAME=value, \(shows) [config.file_syntax]\n"
+                    || check.stderr
+                        == "metricsd: METRICSD_ENV_FILE: \(files.envFile):2: \(shows) (letters, digits and _, not starting with a digit) [config.file_syntax]\n",
                 "\(check.stderr)")
             Self.expectNoLeak(check.stdout + check.stderr, of: password, "check-config")
 
             // serve reads the same file outside systemd: its one line and STATUS= too.
             let manager = try NotifyRecorder(abstract: true)
             defer { manager.stop() }
-            var environment = DaemonProcess.environment(databaseURL: "", port: DaemonProcess.freePort(), extra: ["NOTIFY_SOCKET": manager.address])
+            var environment = DaemonProcess.environment(
+                databaseURL: "", port: DaemonProcess.freePort(), extra: ["NOTIFY_SOCKET": manager.address])
             environment["METRICSD_ENV_FILE"] = files.envFile
             environment["DATABASE_URL"] = nil
             let daemon = try DaemonProcess(environment: environment)
@@ -158,7 +182,8 @@ import Testing
             let hba = cluster.directory + "/data/pg_hba.conf"
             let rules = try String(contentsOfFile: hba, encoding: .utf8)
             // First match wins: the role needs its password over TCP; everything else stays as it was (trust).
-            try ("host all masked 127.0.0.1/32 scram-sha-256\n" + rules).write(toFile: hba, atomically: false, encoding: .utf8)
+            try ("host all masked 127.0.0.1/32 scram-sha-256\n" + rules).write(
+                toFile: hba, atomically: false, encoding: .utf8)
             try await TestDatabase.blocking.runIfActive {
                 _ = try PostgresConnection(settings: admin).query("SELECT pg_reload_conf()")
             }
@@ -176,13 +201,18 @@ import Testing
 
             let migrate = try await CommandLineTests.metricsd(["migrate"], ["DATABASE_URL": url])
             #expect(migrate.status == 1, "\(migrate)")
-            #expect(migrate.stderr.hasPrefix("Error: cannot connect to the database: ") && migrate.stderr.contains(refused), "\(migrate.stderr)")
+            #expect(
+                migrate.stderr.hasPrefix("Error: cannot connect to the database: ") && migrate.stderr.contains(refused),
+                "\(migrate.stderr)")
             Self.expectNoLeak(migrate.stdout + migrate.stderr, of: wrong, "migrate")
 
-            let files = try CommandLineTests.HostFiles(settings: "DATABASE_URL=\(url)\nMETRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())\n")
+            let files = try CommandLineTests.HostFiles(
+                settings: "DATABASE_URL=\(url)\nMETRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())\n")
             let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
             #expect(check.status == 78, "\(check)")
-            #expect(check.stderr.contains("metricsd: DATABASE_URL: cannot connect to the database: ") && check.stderr.contains(refused), "\(check.stderr)")
+            #expect(
+                check.stderr.contains("metricsd: DATABASE_URL: cannot connect to the database: ")
+                    && check.stderr.contains(refused), "\(check.stderr)")
             #expect(check.stderr.contains("metricsd: warning: DATABASE_URL: holds a password"), "\(check.stderr)")
             Self.expectNoLeak(check.stdout + check.stderr, of: wrong, "check-config")
 
@@ -190,16 +220,20 @@ import Testing
             defer { manager.stop() }
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
+                environment: DaemonProcess.environment(
+                    databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
                 port: port)
-            let waiting = await manager.first(timeout: .seconds(20)) { $0.value("STATUS")?.hasPrefix("waiting for database: ") == true }
+            let waiting = await manager.first(timeout: .seconds(20)) {
+                $0.value("STATUS")?.hasPrefix("waiting for database: ") == true
+            }
             #expect(waiting?.value("STATUS")?.contains(refused) == true, "\(manager.transcript)")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log)")
             // The log's waiting line carries libpq's reason too, whole (the text format writes the value's quotes
             // as \"), and, as everywhere, no password.
             let waitingLine = daemon.log.split(separator: "\n").first { $0.contains("Waiting for database") }
-            #expect(waitingLine?.contains(#"password authentication failed for user \"masked\""#) == true, "\(daemon.log)")
+            #expect(
+                waitingLine?.contains(#"password authentication failed for user \"masked\""#) == true, "\(daemon.log)")
             #expect(waitingLine?.contains("metricsd.error.code=database.connection_failed") == true, "\(daemon.log)")
             Self.expectNoLeak(daemon.log + manager.transcript, of: wrong, "serve")
 
@@ -207,7 +241,8 @@ import Testing
             // server really checks passwords.
             let passwordFile = try scratchFile("db-password", Self.rightPassword + "\n")
             chmod(passwordFile, 0o600)
-            let migrated = try await CommandLineTests.metricsd(["migrate"], ["DATABASE_URL": url, "METRICSD_DB_PASSWORD_FILE": passwordFile])
+            let migrated = try await CommandLineTests.metricsd(
+                ["migrate"], ["DATABASE_URL": url, "METRICSD_DB_PASSWORD_FILE": passwordFile])
             #expect(migrated.status == 0, "\(migrated)")
             #expect(migrated.stdout.contains("applied 0001_"), "\(migrated.stdout)")
         }
@@ -224,7 +259,9 @@ import Testing
                 arguments: ["serve", "--migrate"],
                 environment: DaemonProcess.environment(
                     databaseURL: url, port: port,
-                    extra: ["NOTIFY_SOCKET": manager.address, "METRICSD_DB_SESSION_MAX_AGE": "1", "METRICSD_WORKERS": "0"]),
+                    extra: [
+                        "NOTIFY_SOCKET": manager.address, "METRICSD_DB_SESSION_MAX_AGE": "1", "METRICSD_WORKERS": "0",
+                    ]),
                 port: port)
             try await daemon.waitUntilReady()
             #expect(daemon.log.contains("DATABASE_URL: holds a password"), "the start-up warning:\n\(daemon.log)")
@@ -233,14 +270,18 @@ import Testing
             try await TestDatabase.blocking.runIfActive {
                 let connection = try PostgresConnection(settings: admin)
                 try connection.execute("ALTER ROLE masked PASSWORD 'changed-by-the-dba'")
-                _ = try connection.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'masked'")
+                _ = try connection.query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'masked'")
             }
             let unready = await DaemonProcess.eventually(timeout: .seconds(20)) {
                 (try? await daemon.request("/readyz"))?.status.code == 503
             }
             #expect(unready, "\(daemon.log)")
             let body = try await daemon.request("/readyz").text
-            #expect(await DaemonProcess.eventually(timeout: .seconds(10)) { daemon.log.contains("password authentication failed") }, "\(daemon.log)")
+            #expect(
+                await DaemonProcess.eventually(timeout: .seconds(10)) {
+                    daemon.log.contains("password authentication failed")
+                }, "\(daemon.log)")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0, "\(daemon.log)")
             Self.expectNoLeak(body + daemon.log + manager.transcript, of: Self.rightPassword, "serve")

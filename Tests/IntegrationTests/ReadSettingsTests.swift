@@ -1,7 +1,7 @@
-import MetricsdConfiguration
-import MetricsdTestSupport
 import Foundation
 import MetricsdCLI
+import MetricsdConfiguration
+import MetricsdTestSupport
 import Testing
 
 /// `METRICSD_READ_DATABASE_URL` and `METRICSD_READ_MAX_LAG_SECONDS` as an operator meets them when they are wrong,
@@ -11,12 +11,14 @@ import Testing
         let url = "postgresql://metricsd:Read%zzLeakPw@db2:5432,db3:5432/metricsd"
         let files = try CommandLineTests.HostFiles(settings: "METRICSD_READ_DATABASE_URL=\(url)\n")
         let check = try await CommandLineTests.metricsd(
-            ["check-config"], files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
+            ["check-config"],
+            files.environment.merging(["METRICSD_LISTEN": "127.0.0.1:\(DaemonProcess.freePort())"]) { $1 })
         #expect(check.status == 78, "\(check)")
         #expect(
             check.stderr.contains("metricsd: METRICSD_READ_DATABASE_URL: METRICSD_READ_DATABASE_URL is not valid: "),
             "\(check.stderr)")
-        #expect(check.stderr.contains("metricsd: warning: METRICSD_READ_DATABASE_URL: holds a password"), "\(check.stderr)")
+        #expect(
+            check.stderr.contains("metricsd: warning: METRICSD_READ_DATABASE_URL: holds a password"), "\(check.stderr)")
         PasswordMaskingTests.expectNoLeak(check.stdout + check.stderr, of: "Read%zzLeakPw", "check-config")
 
         let port = DaemonProcess.freePort()
@@ -27,7 +29,9 @@ import Testing
         #expect(await daemon.waitForExit(timeout: .seconds(10)) == 1, "\(daemon.log)")
         let errors = daemon.log.split(separator: "\n").filter { $0.hasPrefix("Error: ") }
         #expect(errors.count == 1, "\(daemon.log)")
-        #expect(errors.first?.hasPrefix("Error: configuration error: METRICSD_READ_DATABASE_URL is not valid: ") == true, "\(daemon.log)")
+        #expect(
+            errors.first?.hasPrefix("Error: configuration error: METRICSD_READ_DATABASE_URL is not valid: ") == true,
+            "\(daemon.log)")
         PasswordMaskingTests.expectNoLeak(daemon.log, of: "Read%zzLeakPw", "serve")
     }
 
@@ -44,7 +48,9 @@ import Testing
             #expect(check.status == 78, "\(check)")
             let problems = check.stderr.split(separator: "\n").filter { !$0.contains(": warning: ") }
             #expect(problems.count == 1, "\(check.stderr)")
-            #expect(problems.first?.hasPrefix("metricsd: METRICSD_READ_DATABASE_URL: 127.0.0.1:1: cannot use it: ") == true, "\(check.stderr)")
+            #expect(
+                problems.first?.hasPrefix("metricsd: METRICSD_READ_DATABASE_URL: 127.0.0.1:1: cannot use it: ") == true,
+                "\(check.stderr)")
             PasswordMaskingTests.expectNoLeak(check.stdout + check.stderr, of: "UnreachPw-0123", "check-config")
         }
     }
@@ -55,11 +61,14 @@ import Testing
         let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
         #expect(check.status == 78, "\(check)")
         #expect(
-            check.stderr.contains("metricsd: METRICSD_READ_MAX_LAG_SECONDS: must be a number from 1 to 3600, got '\(value)'"),
+            check.stderr.contains(
+                "metricsd: METRICSD_READ_MAX_LAG_SECONDS: must be a number from 1 to 3600, got '\(value)'"),
             "\(check.stderr)")
         let base = ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48), "METRICSD_READ_MAX_LAG_SECONDS": value]
         #expect(throws: ConfigurationError.self) { try Configuration(environment: base) }
-        #expect(try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).readMaxLag == .seconds(5))
+        #expect(
+            try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).readMaxLag
+                == .seconds(5))
     }
 
     /// A `METRICSD_*` variable that is no setting (a typo, or a setting of a newer build) is named at start and by
@@ -67,7 +76,8 @@ import Testing
     @Test func unknownSettingsAreWarnedAbout() async throws {
         try await withTestDatabase { database in
             let port = DaemonProcess.freePort()
-            let files = try CommandLineTests.HostFiles(settings: "DATABASE_URL=\(database.url)\nMETRICSD_LISTEN=127.0.0.1:\(port)\n")
+            let files = try CommandLineTests.HostFiles(
+                settings: "DATABASE_URL=\(database.url)\nMETRICSD_LISTEN=127.0.0.1:\(port)\n")
             let unknown = ["METRICSD_READ_MAX_LAG": "3", "METRICSD_SHINY_FUTURE_FEATURE": "on"]
             let check = try await CommandLineTests.metricsd(["check-config"], files.environment.merging(unknown) { $1 })
             #expect(check.status == 0, "\(check)")
@@ -79,11 +89,14 @@ import Testing
             #expect(check.stdout.hasPrefix("configuration OK (2 warnings)"), "\(check.stdout)")
 
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: unknown.merging(["METRICSD_WORKERS": "0"]) { $1 }),
+                environment: DaemonProcess.environment(
+                    databaseURL: database.url, port: port, extra: unknown.merging(["METRICSD_WORKERS": "0"]) { $1 }),
                 port: port)
             defer { daemon.signal(SIGKILL) }
             try await daemon.waitUntilReady()
-            #expect(daemon.log.contains("Unknown setting: METRICSD_READ_MAX_LAG: not a setting of this build"), "\(daemon.log)")
+            #expect(
+                daemon.log.contains("Unknown setting: METRICSD_READ_MAX_LAG: not a setting of this build"),
+                "\(daemon.log)")
             #expect(daemon.log.contains("Unknown setting: METRICSD_SHINY_FUTURE_FEATURE: "), "\(daemon.log)")
             daemon.signal(SIGTERM)
             #expect(await daemon.waitForExit() == 0)

@@ -1,11 +1,11 @@
-import MetricsdWork
-import MetricsdReads
-import MetricsdTestSupport
 import Foundation
 import HTTPTypes
-import HummingbirdTesting
 import HealthMetrics
+import HummingbirdTesting
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 /// Recompute-all after a formula version bump (a second version is rehearsed with the same maths).
@@ -21,10 +21,12 @@ import Testing
     }
 
     /// The job a trigger created; records an issue (and throws) when it did not create one.
-    static func created(_ outcome: RecomputeJobs.TriggerOutcome, sourceLocation: SourceLocation = #_sourceLocation) throws
+    static func created(_ outcome: RecomputeJobs.TriggerOutcome, sourceLocation: SourceLocation = #_sourceLocation)
+        throws
         -> RecomputeJob
     {
-        try #require(outcome.created ? outcome.job : nil, "expected a new job, got \(outcome)", sourceLocation: sourceLocation)
+        try #require(
+            outcome.created ? outcome.job : nil, "expected a new job, got \(outcome)", sourceLocation: sourceLocation)
     }
 
     static func drain(_ queue: WorkQueue) async throws {
@@ -46,13 +48,15 @@ import Testing
                                'Europe/Berlin', 'America/Los_Angeles', 'Asia/Kolkata', 'Australia/Sydney')
                   AND (now() AT TIME ZONE name)::time BETWEEN time '01:00' AND time '22:00'
                 ORDER BY name LIMIT 5
-                """).compactMap { $0.first ?? nil }
+                """
+            ).compactMap { $0.first ?? nil }
             try #require(zones.count == 5, "need five zones between 01:00 and 22:00 local time: \(zones)")
             try await Self.seedWithVersion1(database, count: 50_000, zones: zones)
             let store1 = PostgresStore(pool: database.pool, formula: .v1, logger: database.logger)
             try await store1.serving {
                 let before = try #require(try await store1.latestMetrics(userID: 7))
-                #expect(try await store1.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) != .notCurrent)
+                #expect(
+                    try await store1.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) != .notCurrent)
 
                 let jobs = RecomputeJobs(pool: database.pool)
                 let job = try Self.created(try await jobs.trigger(version: 2, requestedBy: "test"))
@@ -69,19 +73,28 @@ import Testing
                 #expect(finished.usersAlreadyCurrent == 0)
                 #expect(finished.usersSkipped == 1_000)
                 #expect(finished.percent == 100)
-                #expect(try await database.value(
-                    "SELECT count(*) FROM profile_metrics WHERE version = 2 AND metrics_date = (SELECT (now() AT TIME ZONE u.timezone)::date FROM users u WHERE u.id = user_id)") == "49000")
-                #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2 AND user_id % 50 = 0") == "0")
-                #expect(try await database.value(
-                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
-                #expect(try await database.value("SELECT count(*) FROM metrics_skips WHERE source = 'recompute'") == "1000")
+                #expect(
+                    try await database.value(
+                        "SELECT count(*) FROM profile_metrics WHERE version = 2 AND metrics_date = (SELECT (now() AT TIME ZONE u.timezone)::date FROM users u WHERE u.id = user_id)"
+                    ) == "49000")
+                #expect(
+                    try await database.value(
+                        "SELECT count(*) FROM profile_metrics WHERE version = 2 AND user_id % 50 = 0") == "0")
+                #expect(
+                    try await database.value(
+                        "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                    ) == "0")
+                #expect(
+                    try await database.value("SELECT count(*) FROM metrics_skips WHERE source = 'recompute'") == "1000")
 
                 let store2 = PostgresStore(pool: database.pool, formula: Self.v2, logger: database.logger)
                 try await store2.serving {
                     let after = try #require(try await store2.latestMetrics(userID: 7))
                     #expect(after.metrics.version == 2)
                     #expect(after.acknowledgedAt == nil, "the version 1 acknowledgement no longer counts")
-                    #expect(try await store2.acknowledge(userID: 7, version: 1, computedAt: before.computedAt) == .notCurrent)
+                    #expect(
+                        try await store2.acknowledge(userID: 7, version: 1, computedAt: before.computedAt)
+                            == .notCurrent)
 
                     // Triggering again: every user is current (a row, or a skip verdict newer than the settings), so no job;
                     // the answer is the finished one.
@@ -117,7 +130,9 @@ import Testing
 
             var configuration = WorkQueue.Configuration()
             configuration.batchSize = 100
-            let queue = WorkQueue(pool: database.pool, formula: Self.v2, owner: "w", configuration: configuration, logger: database.logger)
+            let queue = WorkQueue(
+                pool: database.pool, formula: Self.v2, owner: "w", configuration: configuration, logger: database.logger
+            )
             let chunk = try #require(try await queue.claim())
             _ = try await queue.process(chunk)
             guard case .cancelled(let cancelled) = try await jobs.cancel(id: job.id) else {
@@ -138,8 +153,10 @@ import Testing
             try await Self.drain(queue)
             #expect(try await jobs.job(id: next.id)?.state == .done)
             #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2") == "2940")
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
         }
     }
 
@@ -165,7 +182,9 @@ import Testing
                 Issue.record("the daily chunk must come before the remaining recompute chunks")
                 return
             }
-            #expect(try await database.value("SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'pending'") == "19")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM work_chunks WHERE kind = 'recompute' AND state = 'pending'") == "19")
         }
     }
 
@@ -189,48 +208,65 @@ import Testing
                 "METRICSD_BATCH_SIZE": "200", "METRICSD_FAULTS": "batch-delay-ms=150", "METRICSD_WORKERS": "2",
             ]
             let trigger = try DaemonProcess(
-                arguments: ["recompute-all"], environment: ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
+                arguments: ["recompute-all"],
+                environment: ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
             #expect(await trigger.waitForExit() == 0)
-            #expect(trigger.log.contains("recompute job 1 created for formula version 2 (20000 users)"), "\(trigger.log)")
+            #expect(
+                trigger.log.contains("recompute job 1 created for formula version 2 (20000 users)"), "\(trigger.log)")
 
             let portA = DaemonProcess.freePort()
-            let a = try DaemonProcess(environment: DaemonProcess.environment(databaseURL: database.url, port: portA, extra: extra), port: portA)
+            let a = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: portA, extra: extra),
+                port: portA)
             let started = await DaemonProcess.eventually(timeout: .seconds(30)) {
-                Int((try? await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2")) ?? "0")! > 2_000
+                Int((try? await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2")) ?? "0")!
+                    > 2_000
             }
             #expect(started)
             a.signal(SIGKILL)
             _ = await a.waitForExit()
-            let afterKill = Int(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2") ?? "0")!
+            let afterKill = Int(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2") ?? "0")!
             #expect(afterKill < 19_600, "killed mid-job")
 
             let portB = DaemonProcess.freePort()
             let portC = DaemonProcess.freePort()
-            let b = try DaemonProcess(environment: DaemonProcess.environment(databaseURL: database.url, port: portB, extra: extra), port: portB)
-            let c = try DaemonProcess(environment: DaemonProcess.environment(databaseURL: database.url, port: portC, extra: extra), port: portC)
+            let b = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: portB, extra: extra),
+                port: portB)
+            let c = try DaemonProcess(
+                environment: DaemonProcess.environment(databaseURL: database.url, port: portC, extra: extra),
+                port: portC)
             let done = await DaemonProcess.eventually(timeout: .seconds(120)) {
                 (try? await database.value("SELECT state FROM recompute_jobs WHERE id = 1")) == "done"
             }
             #expect(done, "job not done; logs:\n\(b.log.suffix(1500))")
             #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE version = 2") == "19600")
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
             let owners = try await database.rows(
-                "SELECT DISTINCT split_part(lease_owner, ':', 2) FROM work_chunks WHERE kind = 'recompute' AND state = 'done'")
-                .compactMap { $0.first ?? nil }
-            #expect(owners.contains(String(b.pid)) && owners.contains(String(c.pid)), "both instances made progress: \(owners)")
+                "SELECT DISTINCT split_part(lease_owner, ':', 2) FROM work_chunks WHERE kind = 'recompute' AND state = 'done'"
+            )
+            .compactMap { $0.first ?? nil }
+            #expect(
+                owners.contains(String(b.pid)) && owners.contains(String(c.pid)),
+                "both instances made progress: \(owners)")
 
             // The chunks A held when it died were taken over, named and counted.
             var takenOver = 0.0
             for daemon in [b, c] {
                 let scraped = try await PrometheusScrape.scrape(daemon)
                 for kind in ["daily", "recompute"] {
-                    takenOver += PrometheusScrape.value(scraped, "metricsd_work_leases_taken_over_total", ["kind": kind]) ?? 0
+                    takenOver +=
+                        PrometheusScrape.value(scraped, "metricsd_work_leases_taken_over_total", ["kind": kind]) ?? 0
                 }
             }
             #expect(takenOver >= 1, "no lease taken over from the killed instance")
             #expect(
-                (b.log + c.log).contains("Took over a chunk whose lease another instance let expire"), "\(b.log.suffix(1500))")
+                (b.log + c.log).contains("Took over a chunk whose lease another instance let expire"),
+                "\(b.log.suffix(1500))")
             #expect((b.log + c.log).contains(":\(a.pid):"), "the previous owner (instance of pid \(a.pid)) is named")
 
             // The progress document over HTTP and on the command line.
@@ -243,10 +279,13 @@ import Testing
             #expect(job?["usersExamined"] as? Int == 20_000)
             #expect(job?["usersSkipped"] as? Int == 400)
             let status = try DaemonProcess(
-                arguments: ["recompute-status", "1"], environment: ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
+                arguments: ["recompute-status", "1"],
+                environment: ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"])
             #expect(await status.waitForExit() == 0)
             // (The version-2 daily units ran too, so the split between written and already current varies.)
-            #expect(status.log.contains("job 1  version 2  done  100.0%  20000/20000 users examined  written "), "\(status.log)")
+            #expect(
+                status.log.contains("job 1  version 2  done  100.0%  20000/20000 users examined  written "),
+                "\(status.log)")
             #expect(status.log.contains("  skipped 400  "), "\(status.log)")
             b.signal(SIGTERM)
             c.signal(SIGTERM)
@@ -287,19 +326,27 @@ import Testing
                 environment: DaemonProcess.environment(
                     databaseURL: database.url, port: port,
                     extra: [
-                        "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_DAILY_AT": "23:59", "METRICSD_CHUNK_SIZE": "1000",
+                        "METRICSD_TEST_FORMULA_VERSION": "2", "METRICSD_DAILY_AT": "23:59",
+                        "METRICSD_CHUNK_SIZE": "1000",
                         "METRICSD_BATCH_SIZE": "200", "METRICSD_FAULTS": "batch-delay-ms=60",
                     ]),
                 port: port)
             try await daemon.waitUntilReady()
             // The version-2 daily unit (yesterday's date) first, so its skip verdicts do not replace the job's.
             let dailyDone = await DaemonProcess.eventually {
-                (try? await database.value("SELECT string_agg(state, ',') FROM daily_units WHERE version = 2")) == "done"
+                (try? await database.value("SELECT string_agg(state, ',') FROM daily_units WHERE version = 2"))
+                    == "done"
             }
             try #require(dailyDone, "\(daemon.log.suffix(2000))")
             #expect(try await daemon.request("/v1/admin/recompute", method: .post).status == .unauthorized)
-            #expect(try await daemon.request("/v1/admin/recompute", method: .post, headers: TestTokens.bearer("wrong-admin-token-123456")).status == .unauthorized)
-            #expect(try await daemon.request("/v1/admin/recompute", method: .post, headers: TestTokens.bearer(TestTokens.user(1))).status == .unauthorized)
+            #expect(
+                try await daemon.request(
+                    "/v1/admin/recompute", method: .post, headers: TestTokens.bearer("wrong-admin-token-123456")
+                ).status == .unauthorized)
+            #expect(
+                try await daemon.request(
+                    "/v1/admin/recompute", method: .post, headers: TestTokens.bearer(TestTokens.user(1))
+                ).status == .unauthorized)
 
             // Trigger and wait on the command line; `date` stamps the instant it returned.
             let cli = ["DATABASE_URL": database.url, "METRICSD_TEST_FORMULA_VERSION": "2"]
@@ -309,13 +356,16 @@ import Testing
             let summary = "2000 users examined, 1862 written, 98 already current, 40 skipped"
             #expect(run.output.contains("recompute job 1 done: \(summary)"), "\(run.output)")
             let times = try await database.value(
-                "SELECT extract(epoch FROM finished_at) || ' ' || extract(epoch FROM started_at) FROM recompute_jobs WHERE id = 1")
+                "SELECT extract(epoch FROM finished_at) || ' ' || extract(epoch FROM started_at) FROM recompute_jobs WHERE id = 1"
+            )
             let seconds = (times ?? "").split(separator: " ").compactMap { Double($0) }
             try #require(seconds.count == 2, "finished_at and started_at of job 1: \(String(describing: times))")
             let (finishedAt, started) = (seconds[0], seconds[1])
             #expect(finishedAt - started > 0.3, "the job ran long enough for the CLI to be waiting")
             let latency = run.returnedAt - finishedAt
-            #expect(latency > -0.01 && latency < 0.2, "recompute-all --wait returned \(latency) s after the job's finished_at")
+            #expect(
+                latency > -0.01 && latency < 0.2,
+                "recompute-all --wait returned \(latency) s after the job's finished_at")
 
             // The same counts in the API document, the log and /metrics.
             let admin = TestTokens.bearer(DaemonProcess.secrets.adminToken)
@@ -350,7 +400,8 @@ import Testing
             #expect((data["message"] as? String)?.hasPrefix("nothing to do") == true, "\(data)")
             let second = try DaemonProcess(arguments: ["recompute-all", "--wait"], environment: cli)
             #expect(await second.waitForExit() == 0, "\(second.log)")
-            #expect(second.log.hasPrefix("nothing to do: every user already has a formula version 2 row"), "\(second.log)")
+            #expect(
+                second.log.hasPrefix("nothing to do: every user already has a formula version 2 row"), "\(second.log)")
             #expect(second.log.contains("latest job 1 done: \(summary)"), "\(second.log)")
             #expect(try await database.value("SELECT count(*) FROM recompute_jobs") == "1")
             daemon.signal(SIGTERM)

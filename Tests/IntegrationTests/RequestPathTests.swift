@@ -1,6 +1,3 @@
-import MetricsdWork
-import MetricsdReads
-import MetricsdTestSupport
 import Foundation
 import Glibc
 import HTTPTypes
@@ -9,6 +6,9 @@ import Logging
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 /// The one request path every endpoint takes (`HTTPConnectionHandler` → `APIDispatcher`), over real sockets
@@ -28,7 +28,9 @@ import Testing
     }
 
     /// Sends `text` on a new connection (optionally half-closing after it) and reads `count` responses in order.
-    static func exchange(port: Int, _ text: String, expecting count: Int, halfClose: Bool = false) async throws -> [Wire] {
+    static func exchange(port: Int, _ text: String, expecting count: Int, halfClose: Bool = false) async throws
+        -> [Wire]
+    {
         let descriptor = try #require(RawHTTP.connect(port: port))
         #expect(RawHTTP.send(descriptor, text))
         if halfClose { shutdown(descriptor, Int32(SHUT_WR)) }
@@ -78,7 +80,8 @@ import Testing
 
     static func acknowledge(token: String, id: String, body: String) -> String {
         "POST /v1/profile/metrics/acknowledge HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: \(id)\r\n"
-            + "Authorization: Bearer \(token)\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
+            + "Authorization: Bearer \(token)\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n"
+            + body
     }
 
     /// User 1 with one row of metrics, and the API over the test database serving them.
@@ -105,10 +108,15 @@ import Testing
                 let expired = SignedTokens.hs256(
                     claims: ["sub": "1", "exp": SignedTokens.now - 3600], key: Array(APIServer.jwtSecret.utf8))
                 let cases: [(String, String?, Int, String)] = [
-                    ("latest", TestTokens.user(1), 200, #""bmi":24.5"#), ("no token", nil, 401, #""code":"auth.token_missing""#),
-                    ("garbage", "not.a.token", 401, #""code":"token.malformed""#), ("expired", expired, 401, #""code":"token.expired""#),
-                    ("wrong key", SignedTokens.hs256(claims: SignedTokens.claims(sub: "1"), key: Array("other".utf8)), 401,
-                     #""code":"token.bad_signature""#),
+                    ("latest", TestTokens.user(1), 200, #""bmi":24.5"#),
+                    ("no token", nil, 401, #""code":"auth.token_missing""#),
+                    ("garbage", "not.a.token", 401, #""code":"token.malformed""#),
+                    ("expired", expired, 401, #""code":"token.expired""#),
+                    (
+                        "wrong key",
+                        SignedTokens.hs256(claims: SignedTokens.claims(sub: "1"), key: Array("other".utf8)), 401,
+                        #""code":"token.bad_signature""#
+                    ),
                     ("unknown user", TestTokens.user(999), 404, #""code":"metrics.user_unknown""#),
                     ("invalid settings", TestTokens.user(4), 404, #""code":"metrics.settings_invalid""#),
                 ]
@@ -124,7 +132,9 @@ import Testing
                     #expect(plain.body.contains(contains), "\(name): \(plain)")
                     #expect(plain.body.hasSuffix("}\n"), "\(name): a JSON body ends with a newline")
                     #expect(plain.status == query.status && plain.body == query.body, "\(name): \(plain) vs \(query)")
-                    #expect(Set(plain.headers.keys) == Set(query.headers.keys), "\(name): \(plain.headers) vs \(query.headers)")
+                    #expect(
+                        Set(plain.headers.keys) == Set(query.headers.keys),
+                        "\(name): \(plain.headers) vs \(query.headers)")
                     #expect(plain.headers["x-request-id"] == "a-\(name.count)")
                     #expect(query.headers["x-request-id"] == "b-\(name.count)")
                     #expect(plain.headers["date"]?.hasSuffix(" GMT") == true, "\(name): \(plain.headers)")
@@ -132,10 +142,12 @@ import Testing
                     if status == 401 { #expect(plain.headers["www-authenticate"] == "Bearer") }
                 }
                 // A just-onboarded user: computed and stored on the first read.
-                let first = try await Self.exchange(port: port, Self.get(Self.today, token: TestTokens.user(2), id: "onboarded"), expecting: 1)
+                let first = try await Self.exchange(
+                    port: port, Self.get(Self.today, token: TestTokens.user(2), id: "onboarded"), expecting: 1)
                 #expect(first.first?.status == 200, "\(first)")
                 #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "1")
-                let again = try await Self.exchange(port: port, Self.get(Self.today, token: TestTokens.user(2), id: "again"), expecting: 1)
+                let again = try await Self.exchange(
+                    port: port, Self.get(Self.today, token: TestTokens.user(2), id: "again"), expecting: 1)
                 #expect(again.first?.body == first.first?.body)
             }
         }
@@ -161,17 +173,29 @@ import Testing
                     text += request
                     expected.append((id, status, contains))
                 }
-                add(Self.acknowledge(token: one, id: "r0", body: ack), id: "r0", status: 200, contains: #""acknowledged":true"#)
-                add(Self.get(Self.today, token: one, id: "r1"), id: "r1", status: 200, contains: #""acknowledged":true"#)
+                add(
+                    Self.acknowledge(token: one, id: "r0", body: ack), id: "r0", status: 200,
+                    contains: #""acknowledged":true"#)
+                add(
+                    Self.get(Self.today, token: one, id: "r1"), id: "r1", status: 200, contains: #""acknowledged":true"#
+                )
                 add(Self.get("/healthz", token: nil, id: "r2"), id: "r2", status: 200, contains: #""status":"ok""#)
                 add(Self.get(Self.today, token: two, id: "r3"), id: "r3", status: 200, contains: #""bmi":31.0"#)
-                add(Self.get(Self.today, token: nil, id: "r4"), id: "r4", status: 401, contains: #""code":"auth.token_missing""#)
-                add(Self.get(Self.today + "?via=query", token: two, id: "r5"), id: "r5", status: 200, contains: #""bmi":31.0"#)
+                add(
+                    Self.get(Self.today, token: nil, id: "r4"), id: "r4", status: 401,
+                    contains: #""code":"auth.token_missing""#)
+                add(
+                    Self.get(Self.today + "?via=query", token: two, id: "r5"), id: "r5", status: 200,
+                    contains: #""bmi":31.0"#)
                 for index in 6..<26 {
                     let (token, bmi) = index % 2 == 0 ? (one, "24.5") : (two, "31.0")
-                    add(Self.get(Self.today, token: token, id: "r\(index)"), id: "r\(index)", status: 200, contains: #""bmi":\#(bmi)"#)
+                    add(
+                        Self.get(Self.today, token: token, id: "r\(index)"), id: "r\(index)", status: 200,
+                        contains: #""bmi":\#(bmi)"#)
                 }
-                add(Self.get("/nowhere", token: nil, id: "r26"), id: "r26", status: 404, contains: #""code":"route.not_found""#)
+                add(
+                    Self.get("/nowhere", token: nil, id: "r26"), id: "r26", status: 404,
+                    contains: #""code":"route.not_found""#)
                 add(Self.get(Self.today, token: one, id: "r27"), id: "r27", status: 200, contains: #""bmi":24.5"#)
                 let replies = try await Self.exchange(port: port, text, expecting: expected.count)
                 #expect(replies.count == expected.count, "\(replies.count) of \(expected.count) responses")
@@ -189,10 +213,13 @@ import Testing
     @Test func halfClosedClientGetsItsResponses() async throws {
         try await Self.serveUserOne { port in
             let token = TestTokens.user(1)
-            let alone = try await Self.exchange(port: port, Self.get(Self.today, token: token, id: "h1"), expecting: 1, halfClose: true)
+            let alone = try await Self.exchange(
+                port: port, Self.get(Self.today, token: token, id: "h1"), expecting: 1, halfClose: true)
             #expect(alone.map(\.status) == [200], "\(alone)")
             let pair = try await Self.exchange(
-                port: port, Self.get(Self.today, token: token, id: "h2") + Self.get(Self.today + "?via=query", token: token, id: "h3"),
+                port: port,
+                Self.get(Self.today, token: token, id: "h2")
+                    + Self.get(Self.today + "?via=query", token: token, id: "h3"),
                 expecting: 2, halfClose: true)
             #expect(pair.map(\.status) == [200, 200], "\(pair)")
             #expect(pair.map { $0.headers["x-request-id"] ?? "" } == ["h2", "h3"])
@@ -205,10 +232,13 @@ import Testing
             let token = TestTokens.user(1)
             let replies = try await Self.exchange(
                 port: port,
-                Self.get(Self.today, token: token, id: "c1") + Self.get(Self.today, token: token, id: "c2", extra: "Connection: close\r\n")
+                Self.get(Self.today, token: token, id: "c1")
+                    + Self.get(Self.today, token: token, id: "c2", extra: "Connection: close\r\n")
                     + Self.get(Self.today, token: token, id: "c3"),
                 expecting: 3)
-            #expect(replies.map { $0.headers["x-request-id"] ?? "" } == ["c1", "c2"], "nothing after Connection: close: \(replies)")
+            #expect(
+                replies.map { $0.headers["x-request-id"] ?? "" } == ["c1", "c2"],
+                "nothing after Connection: close: \(replies)")
             #expect(replies.map(\.status) == [200, 200])
             #expect(replies.last?.headers["connection"] == "close", "\(replies)")
         }
@@ -220,7 +250,9 @@ import Testing
         try await APIServer.run(store: HostileInputTests.FailingStore(), logger: logger) { port in
             let token = TestTokens.user(1)
             let replies = try await Self.exchange(
-                port: port, Self.get(Self.today, token: token, id: "f1") + Self.get(Self.today + "?via=query", token: token, id: "f2"), expecting: 2)
+                port: port,
+                Self.get(Self.today, token: token, id: "f1")
+                    + Self.get(Self.today + "?via=query", token: token, id: "f2"), expecting: 2)
             try #require(replies.count == 2, "\(replies)")
             #expect(replies.map(\.status) == [500, 500])
             #expect(replies[0].body.contains("f1") && replies[1].body.contains("f2"), "\(replies)")
@@ -244,15 +276,19 @@ import Testing
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
             for mode in RequestLogMode.allCases {
                 let (logger, logs) = CapturingLogHandler.logger()
-                try await APIServer.run(store: store, jobs: RecomputeJobs(pool: database.pool), logger: logger, requestLog: mode) { port in
-                    let requests = Self.get(Self.today, token: TestTokens.user(1), id: "log-200")
+                try await APIServer.run(
+                    store: store, jobs: RecomputeJobs(pool: database.pool), logger: logger, requestLog: mode
+                ) { port in
+                    let requests =
+                        Self.get(Self.today, token: TestTokens.user(1), id: "log-200")
                         + Self.get(Self.today, token: nil, id: "log-401")
                         + Self.get("/v1/admin/recompute/7", token: APIServer.adminToken, id: "log-404")
                     let replies = try await Self.exchange(port: port, requests, expecting: 3)
                     #expect(replies.map(\.status) == [200, 401, 404], "\(replies)")
                 }
                 let lines = logs.all.filter { $0.metadata["metricsd.http.route"] != nil }
-                let byID = Dictionary(lines.map { ($0.metadata["metricsd.request.id"] ?? "", $0) }) { first, _ in first }
+                let byID = Dictionary(lines.map { ($0.metadata["metricsd.request.id"] ?? "", $0) }) { first, _ in first
+                }
                 switch mode {
                 case .off:
                     #expect(lines.isEmpty, "\(lines)")
@@ -278,7 +314,9 @@ import Testing
                     #expect(refused.metadata["metricsd.user.id"] == nil, "no user before authentication")
                     #expect(refused.metadata["metricsd.error.code"] == "auth.token_missing", "\(refused.metadata)")
                     let missing = try #require(byID["log-404"])
-                    #expect(missing.metadata["metricsd.http.route"] == "/v1/admin/recompute/{id}", "the template, not the path")
+                    #expect(
+                        missing.metadata["metricsd.http.route"] == "/v1/admin/recompute/{id}",
+                        "the template, not the path")
                     #expect(missing.metadata["metricsd.http.status"] == "404")
                     #expect(missing.metadata["metricsd.error.code"] == "job.not_found", "\(missing.metadata)")
                 }
@@ -293,7 +331,9 @@ import Testing
             try await database.seed([.valid(1)])
             let file = try scratchFile("metricsd.conf", "METRICSD_REQUEST_LOG=off\n")
             let daemon = try await DaemonProcess.start(database: database, extra: ["METRICSD_CONFIG_FILE": file])
-            let headers = TestTokens.bearer(TestTokens.user(1)).merging([HTTPField.Name("X-Request-Id")!: "before-reload"])
+            let headers = TestTokens.bearer(TestTokens.user(1)).merging([
+                HTTPField.Name("X-Request-Id")!: "before-reload"
+            ])
             #expect(try await daemon.send("/v1/profile/metrics/today", headers: headers).status == 200)
             try "METRICSD_REQUEST_LOG=all\n".write(toFile: file, atomically: true, encoding: .utf8)
             daemon.signal(SIGHUP)

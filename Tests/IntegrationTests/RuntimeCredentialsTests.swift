@@ -23,7 +23,8 @@ import Testing
         let pair: TestCertificate
 
         init() async throws {
-            try #require(geteuid() == 0, "refresh-credentials' tests need root (as in CI): it hands files to another user")
+            try #require(
+                geteuid() == 0, "refresh-credentials' tests need root (as in CI): it hands files to another user")
             self.base = try ScratchFiles.directory("refresh")
             self.pair = try await TestCertificate.make("refresh")
             for directory in [self.runtime, self.store, self.victim] {
@@ -32,12 +33,15 @@ import Testing
             }
             try #require(chown(self.runtime, RuntimeCredentialsTests.nobody, RuntimeCredentialsTests.nobody) == 0)
             try ScratchFiles.write("root's own\n", to: self.victimFile, mode: 0o644)
-            try FileManager.default.copyItem(atPath: self.pair.certificate, toPath: self.store + "/metricsd-tls-certificate")
+            try FileManager.default.copyItem(
+                atPath: self.pair.certificate, toPath: self.store + "/metricsd-tls-certificate")
             try FileManager.default.copyItem(atPath: self.pair.key, toPath: self.store + "/metricsd-tls-key")
         }
 
         /// Runs `metricsd refresh-credentials` for this runtime directory.
-        func refresh(runtime: String? = nil, extra: [String: String] = [:]) async throws -> (status: Int32, stdout: String, stderr: String) {
+        func refresh(runtime: String? = nil, extra: [String: String] = [:]) async throws -> (
+            status: Int32, stdout: String, stderr: String
+        ) {
             try await CommandLineTests.metricsd(
                 ["refresh-credentials"],
                 ["METRICSD_CREDSTORE": self.store, "RUNTIME_DIRECTORY": runtime ?? self.runtime].merging(extra) { $1 })
@@ -54,7 +58,8 @@ import Testing
     static func snapshot(_ paths: [String]) throws -> [String] {
         try paths.map { path in
             let info = try #require(FileStatus(path), "\(path)")
-            let content = info.isDirectory
+            let content =
+                info.isDirectory
                 ? try FileManager.default.contentsOfDirectory(atPath: path).sorted().joined(separator: ",")
                 : try String(contentsOfFile: path, encoding: .utf8)
             return "\(path) \(info.uid):\(info.gid) \(String(info.permissions, radix: 8)) \(content)"
@@ -76,7 +81,9 @@ import Testing
         let result = try await host.refresh(extra: ["MAINPID": "\(service.processIdentifier)"])
         #expect(result.status == 0, "\(result)")
         #expect(result.stdout.hasPrefix("refreshed tls-certificate (valid until "), "\(result.stdout)")
-        #expect(result.stdout.contains("EC P-256, serial \(host.pair.serial)) and tls-key in \(host.credentials)"), "\(result.stdout)")
+        #expect(
+            result.stdout.contains("EC P-256, serial \(host.pair.serial)) and tls-key in \(host.credentials)"),
+            "\(result.stdout)")
         #expect(result.stderr.isEmpty, "\(result.stderr)")
         let directory = try #require(Self.owner(host.credentials))
         #expect(directory.uid == Self.nobody && directory.mode == 0o700)
@@ -85,7 +92,9 @@ import Testing
             #expect(file.uid == Self.nobody && file.mode == 0o400 && file.isFile, "\(name)")
             let installed = try String(contentsOfFile: host.credentials + "/" + name, encoding: .utf8)
             let expected = try String(contentsOfFile: source, encoding: .utf8)
-            #expect(installed.trimmingCharacters(in: .whitespacesAndNewlines) == expected.trimmingCharacters(in: .whitespacesAndNewlines))
+            #expect(
+                installed.trimmingCharacters(in: .whitespacesAndNewlines)
+                    == expected.trimmingCharacters(in: .whitespacesAndNewlines))
         }
         #expect(!FileManager.default.fileExists(atPath: host.credentials + "/tls-key.new"))
     }

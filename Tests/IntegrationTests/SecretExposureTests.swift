@@ -1,7 +1,7 @@
-import MetricsdConfiguration
 import Foundation
 import Glibc
 import MetricsdCLI
+import MetricsdConfiguration
 import MetricsdTestSupport
 import Testing
 
@@ -9,7 +9,8 @@ import Testing
 /// a password inside DATABASE_URL — get one warning each, naming the variable and where the secret belongs, in
 /// `check-config` (which still passes) and in the service's start-up log; secrets kept as 0600 credentials get none.
 @Suite struct SecretExposureTests {
-    static let credstoreAdvice = "/etc/credstore/metricsd-jwt-secret (root:root, 0600), which the unit passes as the credential jwt-secret (LoadCredential=)"
+    static let credstoreAdvice =
+        "/etc/credstore/metricsd-jwt-secret (root:root, 0600), which the unit passes as the credential jwt-secret (LoadCredential=)"
 
     /// The warning lines of `check-config`'s stderr.
     static func warnings(_ stderr: String) -> [String] {
@@ -19,7 +20,8 @@ import Testing
     @Test func secretsInTheWorldReadableSettingsFileAreNamed() async throws {
         try await withTestDatabase { database in
             // Trust authentication: the password in the URL is never asked for, so the configuration works.
-            let url = database.url.replacingOccurrences(of: "postgresql://postgres@", with: "postgresql://postgres:In-The-Url-Pw@")
+            let url = database.url.replacingOccurrences(
+                of: "postgresql://postgres@", with: "postgresql://postgres:In-The-Url-Pw@")
             try #require(url != database.url)
             let files = try CommandLineTests.HostFiles(
                 settings: """
@@ -45,7 +47,8 @@ import Testing
     }
 
     @Test func exportedVariablesAndWorldReadableFilesAreNamed() async throws {
-        let files = try CommandLineTests.HostFiles(settings: "METRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())\n", adminToken: nil)
+        let files = try CommandLineTests.HostFiles(
+            settings: "METRICSD_LISTEN=127.0.0.1:\(DaemonProcess.freePort())\n", adminToken: nil)
         // The credential store's file made readable by everyone, and an exported admin token and PGPASSWORD.
         chmod(files.store + "/metricsd-jwt-secret", 0o644)
         let passwordFile = try scratchFile("db-password", "Db-File-Pw-0123\n")
@@ -54,7 +57,8 @@ import Testing
             ["check-config"],
             files.environment.merging([
                 "METRICSD_ADMIN_TOKEN": "exported-admin-token-0123", "PGPASSWORD": "exported-pg-password",
-                "METRICSD_DB_PASSWORD_FILE": passwordFile, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
+                "METRICSD_DB_PASSWORD_FILE": passwordFile,
+                "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
             ]) { $1 })
         let plain = "is a plain environment variable (every program started from this environment inherits it)"
         #expect(
@@ -78,13 +82,21 @@ import Testing
         let warnings = SecretExposure.warnings(
             environment: [
                 "CREDENTIALS_DIRECTORY": directory, "METRICSD_JWT_SECRET_FILE": directory + "/jwt-secret",
-                "METRICSD_ADMIN_TOKEN": "admin-token-from-environment", "DATABASE_URL": "host=db user=m password=kw-password",
+                "METRICSD_ADMIN_TOKEN": "admin-token-from-environment",
+                "DATABASE_URL": "host=db user=m password=kw-password",
             ],
             underSystemd: true)
         #expect(warnings.map(\.setting) == ["METRICSD_ADMIN_TOKEN", "DATABASE_URL"])
-        #expect(warnings.allSatisfy { $0.text.contains("is a plain environment variable (systemctl show shows Environment= to every local user") })
+        #expect(
+            warnings.allSatisfy {
+                $0.text.contains(
+                    "is a plain environment variable (systemctl show shows Environment= to every local user")
+            })
         #expect(SecretExposure.warnings(environment: ["CREDENTIALS_DIRECTORY": directory], underSystemd: true).isEmpty)
-        #expect(SecretExposure.warnings(environment: ["DATABASE_URL": "postgresql://m@db/m?sslmode=verify-full"], underSystemd: true).isEmpty)
+        #expect(
+            SecretExposure.warnings(
+                environment: ["DATABASE_URL": "postgresql://m@db/m?sslmode=verify-full"], underSystemd: true
+            ).isEmpty)
     }
 
     /// The service says the same at start-up, in its log (the journal under systemd), and serves anyway.
@@ -100,7 +112,8 @@ import Testing
             #expect(lines.count == 1, "\(daemon.log)")
             #expect(
                 lines.first?.contains(
-                    " warning metricsd: Secret readable by others: METRICSD_ADMIN_TOKEN: the secret is a plain environment variable") == true,
+                    " warning metricsd: Secret readable by others: METRICSD_ADMIN_TOKEN: the secret is a plain environment variable"
+                ) == true,
                 "\(daemon.log)")
             #expect(!daemon.log.contains("admin-token-from-environment"), "\(daemon.log)")
             await daemon.stop()

@@ -1,14 +1,14 @@
-import MetricsdTestSupport
 import Foundation
 import Glibc
 import HTTPTypes
 import HummingbirdTesting
 import MetricsdPostgres
 import MetricsdSystemd
+import MetricsdTestSupport
 import NIOPosix
+import NotifyTestSupport
 import Synchronization
 import Testing
-import NotifyTestSupport
 
 /// The test acts as systemd's service manager: it binds the notify socket (abstract `@name` or a socket file),
 /// runs the real `metricsd serve` with `NOTIFY_SOCKET` (and `WATCHDOG_USEC` …) and checks what arrives, with the
@@ -37,7 +37,8 @@ import NotifyTestSupport
 
             daemon.signal(SIGHUP)
             let reloading = try #require(
-                await manager.first(timeout: .seconds(10)) { $0.has("RELOADING=1") }, "no RELOADING=1: \(manager.transcript)")
+                await manager.first(timeout: .seconds(10)) { $0.has("RELOADING=1") },
+                "no RELOADING=1: \(manager.transcript)")
             let reloaded = await manager.first(timeout: .seconds(10)) {
                 $0.has("READY=1") && $0.receivedAt > reloading.receivedAt
             }
@@ -45,11 +46,17 @@ import NotifyTestSupport
 
             daemon.signal(SIGTERM)
             let status = await daemon.waitForExit(timeout: .seconds(30))
-            #expect(status == 0 && daemon.process.terminationReason == .exit, "exit \(String(describing: status)):\n\(daemon.log)")
+            #expect(
+                status == 0 && daemon.process.terminationReason == .exit,
+                "exit \(String(describing: status)):\n\(daemon.log)")
             try await Task.sleep(for: .milliseconds(200))  // the last datagrams
             let datagrams = manager.datagrams
-            #expect(datagrams.allSatisfy { $0.pid == daemon.pid }, "a datagram not from pid \(daemon.pid): \(manager.transcript)")
-            #expect(!datagrams.contains { $0.lines.contains { $0.hasPrefix("MAINPID=") } }, "MAINPID sent: \(manager.transcript)")
+            #expect(
+                datagrams.allSatisfy { $0.pid == daemon.pid },
+                "a datagram not from pid \(daemon.pid): \(manager.transcript)")
+            #expect(
+                !datagrams.contains { $0.lines.contains { $0.hasPrefix("MAINPID=") } },
+                "MAINPID sent: \(manager.transcript)")
             let kinds = datagrams.compactMap { datagram -> String? in
                 for key in ["READY=1", "RELOADING=1", "STOPPING=1"] where datagram.has(key) { return key }
                 return nil
@@ -80,7 +87,9 @@ import NotifyTestSupport
                 port: port)
 
             let waiting = try #require(
-                await manager.first(timeout: .seconds(20)) { $0.value("STATUS")?.hasPrefix("waiting for database: ") == true },
+                await manager.first(timeout: .seconds(20)) {
+                    $0.value("STATUS")?.hasPrefix("waiting for database: ") == true
+                },
                 "no 'waiting for database' status: \(manager.transcript)\n\(daemon.log)")
             let reason = waiting.value("STATUS") ?? ""
             #expect(reason.contains("port \(cluster.port)") && reason.contains("Connection refused"), "\(reason)")
@@ -113,7 +122,8 @@ import NotifyTestSupport
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
                 arguments: ["serve", "--migrate"],
-                environment: DaemonProcess.environment(databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
+                environment: DaemonProcess.environment(
+                    databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
                 port: port)
             _ = try await Self.ready(manager, daemon)
             let datagrams = manager.datagrams
@@ -124,14 +134,22 @@ import NotifyTestSupport
                 let index = try #require(
                     datagrams.firstIndex { $0.value("STATUS")?.hasPrefix("migrating \(step)/\(total): ") == true },
                     "no status for migration \(step): \(manager.transcript)")
-                let extensions = datagrams[previous..<index].compactMap { $0.value("EXTEND_TIMEOUT_USEC").flatMap { UInt64($0) } }
-                #expect(extensions.contains { $0 >= 10_000_000 }, "no EXTEND_TIMEOUT_USEC before step \(step): \(manager.transcript)")
+                let extensions = datagrams[previous..<index].compactMap {
+                    $0.value("EXTEND_TIMEOUT_USEC").flatMap { UInt64($0) }
+                }
+                #expect(
+                    extensions.contains { $0 >= 10_000_000 },
+                    "no EXTEND_TIMEOUT_USEC before step \(step): \(manager.transcript)")
                 previous = index + 1
             }
             let readyIndex = try #require(datagrams.firstIndex { $0.has("READY=1") })
             #expect(previous <= readyIndex)
-            let beforeReady = datagrams[previous..<readyIndex].compactMap { $0.value("EXTEND_TIMEOUT_USEC").flatMap { UInt64($0) } }
-            #expect(!beforeReady.isEmpty, "no EXTEND_TIMEOUT_USEC after the last migration, before READY: \(manager.transcript)")
+            let beforeReady = datagrams[previous..<readyIndex].compactMap {
+                $0.value("EXTEND_TIMEOUT_USEC").flatMap { UInt64($0) }
+            }
+            #expect(
+                !beforeReady.isEmpty,
+                "no EXTEND_TIMEOUT_USEC after the last migration, before READY: \(manager.transcript)")
             #expect(datagrams.allSatisfy { $0.pid == daemon.pid })
             #expect(try await daemon.request("/readyz").status.code == 200)
             daemon.signal(SIGTERM)
@@ -147,7 +165,8 @@ import NotifyTestSupport
             defer { manager.stop() }
             let port = DaemonProcess.freePort()
             let daemon = try DaemonProcess(
-                environment: DaemonProcess.environment(databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
+                environment: DaemonProcess.environment(
+                    databaseURL: url, port: port, extra: ["NOTIFY_SOCKET": manager.address]),
                 port: port)
             #expect(await daemon.waitForExit(timeout: .seconds(20)) == 1, "\(daemon.log)")
             #expect(daemon.process.terminationReason == .exit)
@@ -205,7 +224,9 @@ import NotifyTestSupport
                     ]),
                 port: port)
             _ = try await Self.ready(manager, daemon)
-            let stalled = await DaemonProcess.eventually(timeout: .seconds(10)) { daemon.log.contains("scheduler loop stalled") }
+            let stalled = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                daemon.log.contains("scheduler loop stalled")
+            }
             #expect(stalled, "\(daemon.log)")
             #expect(manager.datagrams.contains { $0.has("WATCHDOG=1") }, "no ping before the stall")
             let notAlive = await DaemonProcess.eventually(timeout: .seconds(10)) { daemon.log.contains("Not alive") }
@@ -252,7 +273,10 @@ import NotifyTestSupport
             let port = DaemonProcess.freePort()
             var environment = DaemonProcess.environment(
                 databaseURL: database.url, port: port,
-                extra: ["NOTIFY_SOCKET": manager.address, "WATCHDOG_USEC": "2000000", "METRICSD_BINARY_PATH": try DaemonProcess.binary()])
+                extra: [
+                    "NOTIFY_SOCKET": manager.address, "WATCHDOG_USEC": "2000000",
+                    "METRICSD_BINARY_PATH": try DaemonProcess.binary(),
+                ])
             environment["METRICSD_LOG_LEVEL"] = "warning"
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -262,7 +286,8 @@ import NotifyTestSupport
             process.standardError = FileHandle.nullDevice
             try process.run()
             defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
-            let ready = try #require(await manager.first(timeout: .seconds(30)) { $0.has("READY=1") }, "\(manager.transcript)")
+            let ready = try #require(
+                await manager.first(timeout: .seconds(30)) { $0.has("READY=1") }, "\(manager.transcript)")
             #expect(ready.pid == process.processIdentifier)
             let ping = await manager.first(timeout: .seconds(5)) { $0.has("WATCHDOG=1") }
             #expect(ping?.pid == process.processIdentifier, "\(manager.transcript)")
@@ -345,7 +370,9 @@ import NotifyTestSupport
                 port: port)
             _ = try await Self.ready(manager, daemon)
             #expect(try await Self.admin(daemon, token: oldToken) == 200)
-            #expect(try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer("not-a-jwt")).status.code == 401)
+            #expect(
+                try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer("not-a-jwt")).status
+                    .code == 401)
             #expect(try await Self.admin(daemon, token: newToken) == 401)
             // Its notice line comes after where the refused user token's debug line would be.
             #expect(await DaemonProcess.eventually(timeout: .seconds(5)) { daemon.log.contains("Admin token refused") })
@@ -359,7 +386,9 @@ import NotifyTestSupport
             let next = try #require(await manager.first(from: mark, timeout: .seconds(10)) { _ in true })
             #expect(next.has("RELOADING=1"), "\(manager.transcript)")
             let monotonic = try #require(next.value("MONOTONIC_USEC").flatMap { UInt64($0) }, "\(next)")
-            #expect(signalled <= monotonic && monotonic <= next.receivedAt, "MONOTONIC_USEC=\(monotonic) not between \(signalled) and \(next.receivedAt)")
+            #expect(
+                signalled <= monotonic && monotonic <= next.receivedAt,
+                "MONOTONIC_USEC=\(monotonic) not between \(signalled) and \(next.receivedAt)")
             let ready = await manager.first(from: mark + 1, timeout: .seconds(10)) { $0.has("READY=1") }
             #expect(ready?.value("STATUS")?.hasPrefix("serving on 127.0.0.1:\(port)") == true, "\(manager.transcript)")
             #expect(await DaemonProcess.eventually(timeout: .seconds(5)) { daemon.log.contains("Reloaded") })
@@ -369,8 +398,12 @@ import NotifyTestSupport
 
             #expect(try await Self.admin(daemon, token: newToken) == 200)
             #expect(try await Self.admin(daemon, token: oldToken) == 401)
-            #expect(try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer("not-a-jwt")).status.code == 401)
-            #expect(await DaemonProcess.eventually(timeout: .seconds(5)) { daemon.log.contains("Token refused") }, "no debug line after reload")
+            #expect(
+                try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer("not-a-jwt")).status
+                    .code == 401)
+            #expect(
+                await DaemonProcess.eventually(timeout: .seconds(5)) { daemon.log.contains("Token refused") },
+                "no debug line after reload")
 
             // A broken file: RELOADING, then READY saying so; the previous settings stay.
             try "METRICSD_LOG_LEVEL=loud\n".write(toFile: configFile, atomically: true, encoding: .utf8)
@@ -431,7 +464,9 @@ import NotifyTestSupport
             }
             let responses = Task { await RawHTTP.readResponses(connections, timeout: .seconds(40)) }
             // Every connection accepted by the daemon and its request waiting on the lock or for a pooled connection.
-            let accepted = await DaemonProcess.eventually(timeout: .seconds(10)) { RawHTTP.acceptQueueLength(port: port) == 0 }
+            let accepted = await DaemonProcess.eventually(timeout: .seconds(10)) {
+                RawHTTP.acceptQueueLength(port: port) == 0
+            }
             #expect(accepted)
             var waitingOnLock: String?
             let blocked = await DaemonProcess.eventually(timeout: .seconds(10)) {
@@ -444,7 +479,9 @@ import NotifyTestSupport
                 // (≥: the scheduler's own writes, whose triggers keep that table, may wait on it too)
                 return (count.flatMap { Int($0) } ?? 0) >= 1
             }
-            #expect(blocked, "the daemon's batched read is not waiting on the lock: \(String(describing: waitingOnLock)) waiting")
+            #expect(
+                blocked,
+                "the daemon's batched read is not waiting on the lock: \(String(describing: waitingOnLock)) waiting")
             // …and every request read and in its handler (in the batch on the lock, or waiting for the next one). A request still unread in the socket when the stop begins is not in flight: its idle
             // connection is closed.
             var inFlight: Int?
@@ -488,7 +525,9 @@ import NotifyTestSupport
                     ]),
                 port: port)
             _ = try await Self.ready(manager, daemon)
-            let working = await manager.first(timeout: .seconds(15)) { $0.value("STATUS")?.contains("daily UTC") == true }
+            let working = await manager.first(timeout: .seconds(15)) {
+                $0.value("STATUS")?.contains("daily UTC") == true
+            }
             try #require(working != nil, "no batch in progress: \(manager.transcript)\n\(daemon.log)")
 
             daemon.signal(SIGTERM)
@@ -512,7 +551,10 @@ import NotifyTestSupport
             let daemon = try DaemonProcess(
                 environment: DaemonProcess.environment(
                     databaseURL: database.url, port: port,
-                    extra: ["NOTIFY_SOCKET": "@metricsd-test-nobody-\(UUID().uuidString.prefix(8))", "WATCHDOG_USEC": "1000000"]),
+                    extra: [
+                        "NOTIFY_SOCKET": "@metricsd-test-nobody-\(UUID().uuidString.prefix(8))",
+                        "WATCHDOG_USEC": "1000000",
+                    ]),
                 port: port)
             try await daemon.waitUntilReady()
             try await Task.sleep(for: .seconds(2))  // a few failed pings
@@ -592,7 +634,8 @@ import NotifyTestSupport
         #expect(status == 1)
         #expect(stdout.isEmpty)
         let lines = stderr.split(separator: "\n")
-        #expect(lines.count == 1 && lines.first?.hasPrefix("Error: cannot connect to the database: ") == true, "\(stderr)")
+        #expect(
+            lines.count == 1 && lines.first?.hasPrefix("Error: cannot connect to the database: ") == true, "\(stderr)")
         #expect(lines.first?.hasSuffix(" [database.connection_failed]") == true, "\(stderr)")
         #expect(lines.first?.contains("port \(port)") == true)
     }
@@ -636,7 +679,8 @@ import NotifyTestSupport
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
         let bound = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, length) == 0 && listen(descriptor, 16) == 0 && getsockname(descriptor, $0, &length) == 0
+                bind(descriptor, $0, length) == 0 && listen(descriptor, 16) == 0
+                    && getsockname(descriptor, $0, &length) == 0
             }
         }
         guard bound else {
@@ -648,8 +692,12 @@ import NotifyTestSupport
 
     /// A new directory under `METRICSD_TEST_TMP` (or the temporary directory).
     static func scratchDirectory(_ label: String) throws -> String {
-        let base = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
-        let path = URL(fileURLWithPath: base).appendingPathComponent("\(label)-" + UUID().uuidString.prefix(8).lowercased()).path
+        let base =
+            ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? NSTemporaryDirectory()
+        let path = URL(fileURLWithPath: base).appendingPathComponent(
+            "\(label)-" + UUID().uuidString.prefix(8).lowercased()
+        ).path
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path
     }

@@ -46,7 +46,9 @@ import Testing
         func expiryGauge() async throws -> Int? {
             let metrics = try await API.send(port: self.internalPort, "/metrics")
             let prefix = "metricsd_tls_certificate_expiry_timestamp_seconds{listener=\"public\"} "
-            return metrics.text.split(separator: "\n").first { $0.hasPrefix(prefix) }.flatMap { Double($0.dropFirst(prefix.count)) }.map { Int($0) }
+            return metrics.text.split(separator: "\n").first { $0.hasPrefix(prefix) }.flatMap {
+                Double($0.dropFirst(prefix.count))
+            }.map { Int($0) }
         }
     }
 
@@ -58,14 +60,19 @@ import Testing
             let served = try Served()
             for (made, problem) in [
                 (expired, "the TLS certificate (serial \(expired.serial)) expired on "),
-                (weak, "the TLS certificate's key is RSA of 1024 bits, under the 2048 needed: issue a certificate for an EC P-256 key"),
+                (
+                    weak,
+                    "the TLS certificate's key is RSA of 1024 bits, under the 2048 needed: issue a certificate for an EC P-256 key"
+                ),
             ] {
                 try served.install(made)
                 let daemon = try DaemonProcess(environment: served.environment(database), port: served.internalPort)
                 #expect(await daemon.waitForExit(timeout: .seconds(20)) == 1, "\(daemon.log.suffix(2000))")
                 let lines = daemon.log.split(separator: "\n")
                 #expect(lines.count == 1, "\(daemon.log)")
-                #expect(lines.first?.hasPrefix("Error: configuration error: METRICSD_TLS: \(served.source): \(problem)") == true, "\(daemon.log)")
+                #expect(
+                    lines.first?.hasPrefix("Error: configuration error: METRICSD_TLS: \(served.source): \(problem)")
+                        == true, "\(daemon.log)")
                 #expect(lines.first?.hasSuffix(" [\(Self.code)]") == true, "\(daemon.log)")
                 #expect(!RawHTTP.canConnect(port: served.publicPort), "a listener was opened")
             }
@@ -86,8 +93,11 @@ import Testing
             try await daemon.waitUntilReady()
             // Served, with a warning at start and its expiry on /metrics.
             #expect(try await TestCertificate.served(port: served.publicPort)?.serial == soon.serial)
-            let warned = daemon.log.split(separator: "\n").first { $0.contains("TLS certificate needs attention") } ?? ""
-            #expect(warned.contains("expires on") && warned.contains("in 5 days: renew it and reload"), "\(daemon.log.suffix(3000))")
+            let warned =
+                daemon.log.split(separator: "\n").first { $0.contains("TLS certificate needs attention") } ?? ""
+            #expect(
+                warned.contains("expires on") && warned.contains("in 5 days: renew it and reload"),
+                "\(daemon.log.suffix(3000))")
             #expect(try await served.expiryGauge() == soon.notAfter)
             let servedNotAfter = try await soon.printedNotAfter()
 
@@ -102,7 +112,8 @@ import Testing
                 #expect(failed && line.contains(problem) && line.contains(served.source), "\(daemon.log.suffix(3000))")
                 #expect(line.contains("error") && line.contains(Self.code), "\(line)")
                 let after = try await TestCertificate.served(port: served.publicPort)
-                #expect(after?.serial == soon.serial && after?.notAfter == servedNotAfter, "\(String(describing: after))")
+                #expect(
+                    after?.serial == soon.serial && after?.notAfter == servedNotAfter, "\(String(describing: after))")
                 #expect(try await served.expiryGauge() == soon.notAfter)
             }
 
@@ -113,7 +124,8 @@ import Testing
                 try await TestCertificate.served(port: served.publicPort)?.serial == early.serial
             }
             let notYet = daemon.log.split(separator: "\n").last { $0.contains("TLS certificate needs attention") } ?? ""
-            #expect(taken && notYet.contains("(serial \(early.serial)) is not valid before"), "\(daemon.log.suffix(3000))")
+            #expect(
+                taken && notYet.contains("(serial \(early.serial)) is not valid before"), "\(daemon.log.suffix(3000))")
             #expect(try await served.expiryGauge() == early.notAfter)
 
             // A good one is taken, and the gauge follows.

@@ -1,14 +1,14 @@
-import MetricsdConfiguration
-import MetricsdCLI
-import MetricsdTestSupport
 import Crypto
 import Foundation
 import HTTPTypes
 import HealthMetrics
 import JWTKit
+import MetricsdCLI
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdTestSupport
 import Testing
 
 /// Tokens: pinned algorithms (no `none`, no HS/RS confusion), HS256 and EdDSA/ES256/RS256 public keys,
@@ -25,14 +25,17 @@ import Testing
     ) async throws {
         try await withTestDatabase { database in
             try await database.seed([.valid(Self.user)])
-            try await database.insertMetrics(user: Self.user, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
+            try await database.insertMetrics(
+                user: Self.user, date: "2025-10-29", computedAt: "2025-10-29T14:30:45.123Z")
             try await APIServer.run(database: database, tokens: tokens, body)
         }
     }
 
     /// The status of `GET …/today` with `token`; a 401 must carry the error body.
-    static func status(_ port: Int, _ token: String, path: String = TokenTests.today,
-                       sourceLocation: SourceLocation = #_sourceLocation) async throws -> Int {
+    static func status(
+        _ port: Int, _ token: String, path: String = TokenTests.today,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> Int {
         let reply = try await API.send(port: port, path, headers: TestTokens.bearer(token))
         if reply.status == 401 {
             expectErrorBody(reply, status: 401, sourceLocation: sourceLocation)
@@ -41,8 +44,10 @@ import Testing
         return reply.status
     }
 
-    static func expect(_ port: Int, _ cases: [(String, String)], status expected: Int,
-                       sourceLocation: SourceLocation = #_sourceLocation) async throws {
+    static func expect(
+        _ port: Int, _ cases: [(String, String)], status expected: Int,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws {
         for (name, token) in cases {
             let status = try await Self.status(port, token, sourceLocation: sourceLocation)
             #expect(status == expected, "\(name): \(status), expected \(expected)", sourceLocation: sourceLocation)
@@ -60,7 +65,8 @@ import Testing
     /// HS256 over raw header and payload text (a JSON library would not write a repeated name).
     static func raw(header: String = #"{"alg":"HS256","typ":"JWT"}"#, payload: String) -> String {
         let input = TestTokens.base64URL(Data(header.utf8)) + "." + TestTokens.base64URL(Data(payload.utf8))
-        let mac = HMAC<SHA256>.authenticationCode(for: Array(input.utf8), using: SymmetricKey(data: Array(APIServer.jwtSecret.utf8)))
+        let mac = HMAC<SHA256>.authenticationCode(
+            for: Array(input.utf8), using: SymmetricKey(data: Array(APIServer.jwtSecret.utf8)))
         return input + "." + TestTokens.base64URL(Data(mac))
     }
 
@@ -72,19 +78,38 @@ import Testing
         let earlier = SignedTokens.now - 3600
         let refused: [(String, String, TokenError.Reason)] = [
             ("sub twice", Self.raw(payload: #"{"sub":"42","sub":"6","exp":\#(later)}"#), .repeatedClaim),
-            ("exp twice, past first", Self.raw(payload: #"{"exp":\#(earlier),"exp":\#(later),"sub":"42"}"#), .repeatedClaim),
-            ("exp twice, future first", Self.raw(payload: #"{"exp":\#(later),"exp":\#(earlier),"sub":"42"}"#), .repeatedClaim),
+            (
+                "exp twice, past first", Self.raw(payload: #"{"exp":\#(earlier),"exp":\#(later),"sub":"42"}"#),
+                .repeatedClaim
+            ),
+            (
+                "exp twice, future first", Self.raw(payload: #"{"exp":\#(later),"exp":\#(earlier),"sub":"42"}"#),
+                .repeatedClaim
+            ),
             ("escaped name", Self.raw(payload: #"{"s\u0075b":"42","sub":"6","exp":\#(later)}"#), .repeatedClaim),
-            ("with a nested claim", Self.raw(payload: #"{"sub":"42","ctx":{"a":[1,{"b":2}]},"exp":\#(later),"sub":"6"}"#),
-             .repeatedClaim),
-            ("header alg twice", Self.raw(header: #"{"alg":"HS256","typ":"JWT","alg":"none"}"#,
-                                           payload: #"{"sub":"42","exp":\#(later)}"#), .malformedHeader),
+            (
+                "with a nested claim",
+                Self.raw(payload: #"{"sub":"42","ctx":{"a":[1,{"b":2}]},"exp":\#(later),"sub":"6"}"#),
+                .repeatedClaim
+            ),
+            (
+                "header alg twice",
+                Self.raw(
+                    header: #"{"alg":"HS256","typ":"JWT","alg":"none"}"#,
+                    payload: #"{"sub":"42","exp":\#(later)}"#), .malformedHeader
+            ),
         ]
         let accepted: [(String, String)] = [
             ("plain", Self.raw(payload: #"{"sub":"42","exp":\#(later)}"#)),
             ("escaped name alone", Self.raw(payload: #"{"s\u0075b":"42","exp":\#(later)}"#)),
-            ("nested names may repeat inside other claims", Self.raw(payload: #"{"sub":"42","ctx":{"a":1,"b":{"a":2}},"exp":\#(later)}"#)),
-            ("uncommon header", Self.raw(header: #"{"typ":"JWT","kid":"k1","alg":"HS256"}"#, payload: #"{"sub":"42","exp":\#(later)}"#)),
+            (
+                "nested names may repeat inside other claims",
+                Self.raw(payload: #"{"sub":"42","ctx":{"a":1,"b":{"a":2}},"exp":\#(later)}"#)
+            ),
+            (
+                "uncommon header",
+                Self.raw(header: #"{"typ":"JWT","kid":"k1","alg":"HS256"}"#, payload: #"{"sub":"42","exp":\#(later)}"#)
+            ),
         ]
         // Directly, and over HTTP.
         let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
@@ -113,7 +138,8 @@ import Testing
     @Test func onlyQuickTokenChecksAreMadeOnTheEventLoop() async throws {
         let hsOnly = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret))
         for key in [try await AsymmetricKey.ed25519(), try await AsymmetricKey.p256(), try await AsymmetricKey.rsa()] {
-            let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
+            let verifier = try TokenVerifier(
+                TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM))
             let signed = try key.token(Self.valid)
             #expect(!verifier.checksQuickly(Substring(signed)), "\(key.name)")
             #expect(try verifier.verify(Substring(signed)) == Self.user, "\(key.name)")
@@ -121,13 +147,17 @@ import Testing
         }
         #expect(hsOnly.checksQuickly(Substring(Self.hs256(Self.valid))))
         #expect(hsOnly.checksQuickly("not-a-token"))
-        #expect(!hsOnly.checksQuickly(Substring(Self.hs256(Self.valid, header: ["typ": "JWT", "kid": "k1", "alg": "HS256"]))))
+        #expect(
+            !hsOnly.checksQuickly(
+                Substring(Self.hs256(Self.valid, header: ["typ": "JWT", "kid": "k1", "alg": "HS256"]))))
 
         let key = try await AsymmetricKey.p256()
-        try await Self.serve(tokens: TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM)) { port in
+        try await Self.serve(tokens: TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM)) {
+            port in
             let ok = try await API.send(port: port, Self.today, headers: TestTokens.bearer(try key.token(Self.valid)))
             #expect(ok.status == 200, "\(ok)")
-            let expired = try key.token(SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))
+            let expired = try key.token(
+                SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))
             let refused = try await API.send(port: port, Self.today, headers: TestTokens.bearer(expired))
             expectErrorBody(refused, status: 401, code: .token(.expired))
             #expect(refused.headers[.wwwAuthenticate] == "Bearer", "\(refused)")
@@ -138,7 +168,9 @@ import Testing
         let ed25519 = try await AsymmetricKey.ed25519()
         let configuration = TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: ed25519.publicPEM)
         try await Self.serve(tokens: configuration) { port in
-            let input = { (alg: String) in SignedTokens.signingInput(header: ["alg": alg, "typ": "JWT"], claims: Self.valid) }
+            let input = { (alg: String) in
+                SignedTokens.signingInput(header: ["alg": alg, "typ": "JWT"], claims: Self.valid)
+            }
             let validHS = Self.hs256(Self.valid)
             let hsSignature = String(validHS.split(separator: ".")[2])
             var cases: [(String, String)] = []
@@ -150,13 +182,29 @@ import Testing
             let hs384 = input("HS384")
             let hs512 = input("HS512")
             cases += [
-                ("HS384 with the secret", hs384 + "." + TestTokens.base64URL(Data(HMAC<SHA384>.authenticationCode(for: Array(hs384.utf8), using: key)))),
-                ("HS512 with the secret", hs512 + "." + TestTokens.base64URL(Data(HMAC<SHA512>.authenticationCode(for: Array(hs512.utf8), using: key)))),
+                (
+                    "HS384 with the secret",
+                    hs384 + "."
+                        + TestTokens.base64URL(
+                            Data(HMAC<SHA384>.authenticationCode(for: Array(hs384.utf8), using: key)))
+                ),
+                (
+                    "HS512 with the secret",
+                    hs512 + "."
+                        + TestTokens.base64URL(
+                            Data(HMAC<SHA512>.authenticationCode(for: Array(hs512.utf8), using: key)))
+                ),
                 ("hs256 lower case", Self.hs256(Self.valid, header: ["alg": "hs256", "typ": "JWT"])),
                 ("RS256 header, HS256 signature", input("RS256") + "." + hsSignature),
-                ("ES256 header, EdDSA signature", try ed25519.token(Self.valid, header: ["alg": "ES256", "typ": "JWT"])),
+                (
+                    "ES256 header, EdDSA signature",
+                    try ed25519.token(Self.valid, header: ["alg": "ES256", "typ": "JWT"])
+                ),
                 ("no alg", TestTokens.sign(header: ["typ": "JWT"], claims: Self.valid, secret: APIServer.jwtSecret)),
-                ("alg not a string", SignedTokens.signingInput(header: ["alg": 256], claims: Self.valid) + "." + hsSignature),
+                (
+                    "alg not a string",
+                    SignedTokens.signingInput(header: ["alg": 256], claims: Self.valid) + "." + hsSignature
+                ),
                 ("crit header", Self.hs256(Self.valid, header: ["alg": "HS256", "crit": ["exp"], "exp": 1])),
             ]
             try await Self.expect(port, cases, status: 401)
@@ -185,7 +233,8 @@ import Testing
         let both = TokenConfiguration(hmacSecret: APIServer.jwtSecret, publicKeyPEM: key.publicPEM)
         try await Self.serve(tokens: both) { port in
             try await Self.expect(port, forged, status: 401)
-            try await Self.expect(port, [("HS256", Self.hs256(Self.valid)), (algorithm, try key.token(Self.valid))], status: 200)
+            try await Self.expect(
+                port, [("HS256", Self.hs256(Self.valid)), (algorithm, try key.token(Self.valid))], status: 200)
         }
     }
 
@@ -207,19 +256,30 @@ import Testing
                 [
                     ("sub as a string", token),
                     ("sub as a number", try key.token(SignedTokens.claims(sub: Self.user))),
-                    ("with kid and extra claims", try key.token(
-                        SignedTokens.claims(sub: String(Self.user), extra: ["iat": SignedTokens.now, "role": "user"]),
-                        header: ["alg": algorithm, "typ": "JWT", "kid": "key-1"])),
+                    (
+                        "with kid and extra claims",
+                        try key.token(
+                            SignedTokens.claims(
+                                sub: String(Self.user), extra: ["iat": SignedTokens.now, "role": "user"]),
+                            header: ["alg": algorithm, "typ": "JWT", "kid": "key-1"])
+                    ),
                 ], status: 200)
             try await Self.expect(
                 port,
                 [
                     ("payload swapped", parts[0] + "." + otherPayload + "." + parts[2]),
-                    ("signature of another key", try other.token(Self.valid, header: ["alg": algorithm, "typ": "JWT"])),
+                    (
+                        "signature of another key",
+                        try other.token(Self.valid, header: ["alg": algorithm, "typ": "JWT"])
+                    ),
                     ("signature truncated", parts[0] + "." + parts[1] + "." + String(parts[2].dropLast(4))),
                     ("no signature", parts[0] + "." + parts[1] + "."),
                     ("HS256 with the test secret", Self.hs256(Self.valid)),
-                    ("expired", try key.token(SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))),
+                    (
+                        "expired",
+                        try key.token(
+                            SignedTokens.claims(sub: String(Self.user), extra: ["exp": SignedTokens.now - 3600]))
+                    ),
                 ], status: 401)
         }
     }
@@ -238,14 +298,22 @@ import Testing
         let rs256Header: [String: Any] = ["alg": "RS256", "typ": "JWT"]
         let cases: [(String, String, String)] = [
             ("ES256 signature in DER", p256.publicPEM, esParts[0] + "." + esParts[1] + "." + TestTokens.base64URL(der)),
-            ("ES256 signature with a byte more", p256.publicPEM,
-             esParts[0] + "." + esParts[1] + "." + TestTokens.base64URL(Data(raw + [0]))),
-            ("PS256 signature under an RS256 header", RSATestKey.publicPEM,
-             try SignedTokens.sign(header: rs256Header, claims: Self.valid,
-                                   with: await JWTKeyCollection().add(pss: rsa, digestAlgorithm: .sha256).getKey())),
-            ("RS384 signature under an RS256 header", RSATestKey.publicPEM,
-             try SignedTokens.sign(header: rs256Header, claims: Self.valid,
-                                   with: await JWTKeyCollection().add(rsa: rsa, digestAlgorithm: .sha384).getKey())),
+            (
+                "ES256 signature with a byte more", p256.publicPEM,
+                esParts[0] + "." + esParts[1] + "." + TestTokens.base64URL(Data(raw + [0]))
+            ),
+            (
+                "PS256 signature under an RS256 header", RSATestKey.publicPEM,
+                try SignedTokens.sign(
+                    header: rs256Header, claims: Self.valid,
+                    with: await JWTKeyCollection().add(pss: rsa, digestAlgorithm: .sha256).getKey())
+            ),
+            (
+                "RS384 signature under an RS256 header", RSATestKey.publicPEM,
+                try SignedTokens.sign(
+                    header: rs256Header, claims: Self.valid,
+                    with: await JWTKeyCollection().add(rsa: rsa, digestAlgorithm: .sha384).getKey())
+            ),
         ]
         for (name, pem, token) in cases {
             let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: pem))
@@ -257,9 +325,12 @@ import Testing
             }
         }
         let rsaKey = try await AsymmetricKey.rsa()
-        #expect(try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: p256.publicPEM)).verify(Substring(esToken)) == Self.user)
         #expect(
-            try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: rsaKey.publicPEM)).verify(Substring(try rsaKey.token(Self.valid)))
+            try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: p256.publicPEM)).verify(
+                Substring(esToken)) == Self.user)
+        #expect(
+            try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: rsaKey.publicPEM)).verify(
+                Substring(try rsaKey.token(Self.valid)))
                 == Self.user)
     }
 
@@ -283,12 +354,17 @@ import Testing
         }
         let p384 = P384.Signing.PrivateKey().publicKey.pemRepresentation
         let refused = #expect(throws: TokenKeyError.self) { try TokenVerifier.checkPublicKey(p384) }
-        #expect(refused?.description.contains("not an Ed25519, P-256 or RSA public key") == true, "\(String(describing: refused))")
+        #expect(
+            refused?.description.contains("not an Ed25519, P-256 or RSA public key") == true,
+            "\(String(describing: refused))")
         #expect(refused?.description.contains("another key type or curve") == true, "\(String(describing: refused))")
 
         // Text around the block is ignored; what is wrong with a block is said in the refusal.
         let ed25519 = try await AsymmetricKey.ed25519().publicPEM
-        #expect(try TokenVerifier(TokenConfiguration(hmacSecret: nil, publicKeyPEM: "issued 2026-11\n" + ed25519 + "\nend\n"))
+        #expect(
+            try TokenVerifier(
+                TokenConfiguration(hmacSecret: nil, publicKeyPEM: "issued 2026-11\n" + ed25519 + "\nend\n")
+            )
             .acceptedAlgorithms == ["EdDSA"])
         let body = ed25519.split(separator: "\n")[1]
         let trailing = Data(base64Encoded: String(body))! + Data([0x05, 0x00])
@@ -296,7 +372,10 @@ import Testing
             ("no key here", "no BEGIN PUBLIC KEY or BEGIN RSA PUBLIC KEY block"),
             ("-----BEGIN PUBLIC KEY-----\n\(body.dropLast())\n-----END PUBLIC KEY-----\n", "block is not base64"),
             ("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "asn1 encoding routines"),
-            ("-----BEGIN PUBLIC KEY-----\n\(trailing.base64EncodedString())\n-----END PUBLIC KEY-----\n", "not a key libcrypto reads"),
+            (
+                "-----BEGIN PUBLIC KEY-----\n\(trailing.base64EncodedString())\n-----END PUBLIC KEY-----\n",
+                "not a key libcrypto reads"
+            ),
         ]
         for (pem, reason) in reasons {
             let refusal = #expect(throws: TokenKeyError.self) { try TokenVerifier.checkPublicKey(pem) }
@@ -317,7 +396,8 @@ import Testing
             let hs = try await daemon.send(Self.today, headers: TestTokens.bearer(Self.hs256(Self.valid)))
             expectErrorBody(hs, status: 401, code: .token(.algorithmNotAccepted))
             let forged = try await daemon.send(
-                Self.today, headers: TestTokens.bearer(SignedTokens.hs256(claims: Self.valid, key: Array(key.publicPEM.utf8))))
+                Self.today,
+                headers: TestTokens.bearer(SignedTokens.hs256(claims: Self.valid, key: Array(key.publicPEM.utf8))))
             expectErrorBody(forged, status: 401, code: .token(.algorithmNotAccepted))
             await daemon.stop()
         }
@@ -329,10 +409,15 @@ import Testing
         let key = try await AsymmetricKey.ed25519()
         let path = try scratchFile("jwt-public-key.pem", key.publicPEM)
         let secretFile = DaemonProcess.secrets.directory + "/jwt-secret"
-        let both = try TokenConfiguration(environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path])
+        let both = try TokenConfiguration(environment: [
+            "METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path,
+        ])
         #expect(try TokenVerifier(both).acceptedAlgorithms == ["EdDSA", "HS256"])
         let keyOnly = try TokenConfiguration(
-            environment: ["METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path, "METRICSD_JWT_HS256": "off"])
+            environment: [
+                "METRICSD_JWT_SECRET_FILE": secretFile, "METRICSD_JWT_PUBLIC_KEY_FILE": path,
+                "METRICSD_JWT_HS256": "off",
+            ])
         #expect(keyOnly.hmacSecret == nil)
         #expect(try TokenVerifier(keyOnly).acceptedAlgorithms == ["EdDSA"])
         let offWithoutKey = #expect(throws: ConfigurationError.self) {
@@ -368,7 +453,8 @@ import Testing
         sourceLocation: SourceLocation = #_sourceLocation
     ) async throws {
         for (name, claims) in cases {
-            let status = try await Self.status(port, Self.hs256(claims(SignedTokens.now)), sourceLocation: sourceLocation)
+            let status = try await Self.status(
+                port, Self.hs256(claims(SignedTokens.now)), sourceLocation: sourceLocation)
             #expect(status == expected, "\(name): \(status), expected \(expected)", sourceLocation: sourceLocation)
         }
     }
@@ -413,7 +499,9 @@ import Testing
                 ], status: 401)
         }
         let leeway = #expect(throws: ConfigurationError.self) {
-            try TokenConfiguration(environment: ["METRICSD_JWT_SECRET": APIServer.jwtSecret, "METRICSD_JWT_LEEWAY_SECONDS": "3600"])
+            try TokenConfiguration(environment: [
+                "METRICSD_JWT_SECRET": APIServer.jwtSecret, "METRICSD_JWT_LEEWAY_SECONDS": "3600",
+            ])
         }
         #expect(leeway?.kind == .invalidValue)
     }
@@ -431,19 +519,31 @@ import Testing
                 port,
                 [
                     ("right iss and aud", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": "metricsd"]))),
-                    ("aud array containing it", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": ["mobile", "metricsd"]]))),
+                    (
+                        "aud array containing it",
+                        Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": ["mobile", "metricsd"]]))
+                    ),
                 ], status: 200)
             try await Self.expect(
                 port,
                 [
                     ("wrong iss", Self.hs256(claims(["iss": "https://evil.example", "aud": "metricsd"]))),
-                    ("iss with a trailing slash", Self.hs256(claims(["iss": "https://api.gtsd.example/", "aud": "metricsd"]))),
-                    ("iss in another case", Self.hs256(claims(["iss": "https://API.gtsd.example", "aud": "metricsd"]))),
+                    (
+                        "iss with a trailing slash",
+                        Self.hs256(claims(["iss": "https://api.gtsd.example/", "aud": "metricsd"]))
+                    ),
+                    (
+                        "iss in another case",
+                        Self.hs256(claims(["iss": "https://API.gtsd.example", "aud": "metricsd"]))
+                    ),
                     ("missing iss", Self.hs256(claims(["aud": "metricsd"]))),
                     ("iss as an array", Self.hs256(claims(["iss": ["https://api.gtsd.example"], "aud": "metricsd"]))),
                     ("wrong aud", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": "gtsd-admin"]))),
                     ("missing aud", Self.hs256(claims(["iss": "https://api.gtsd.example"]))),
-                    ("aud array without it", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": ["mobile"]]))),
+                    (
+                        "aud array without it",
+                        Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": ["mobile"]]))
+                    ),
                     ("aud empty array", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": [String]()]))),
                     ("aud prefix", Self.hs256(claims(["iss": "https://api.gtsd.example", "aud": "metricsd-other"]))),
                 ], status: 401)
@@ -535,21 +635,27 @@ import Testing
             for (path, method) in userRoutes {
                 let forged = SignedTokens.hs256(claims: Self.valid, key: Array(admin.utf8))
                 for (token, reason) in [(admin, TokenError.Reason.malformed), (forged, .badSignature)] {
-                    let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(token), text: body)
+                    let reply = try await API.send(
+                        port: port, path, method: method, headers: TestTokens.bearer(token), text: body)
                     expectErrorBody(reply, status: 401, code: .token(reason))
                 }
-                let ok = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(userToken), text: body)
+                let ok = try await API.send(
+                    port: port, path, method: method, headers: TestTokens.bearer(userToken), text: body)
                 #expect(ok.status == 200, "\(method) \(path): \(ok)")
             }
             for (path, method) in adminRoutes {
-                for token in [userToken, Self.hs256(SignedTokens.claims(sub: String(Self.user), extra: ["role": "admin", "admin": true]))] {
+                for token in [
+                    userToken,
+                    Self.hs256(SignedTokens.claims(sub: String(Self.user), extra: ["role": "admin", "admin": true])),
+                ] {
                     let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(token))
                     expectErrorBody(reply, status: 401, code: .adminTokenInvalid)
                 }
                 let reply = try await API.send(port: port, path, method: method, headers: TestTokens.bearer(admin))
                 #expect(reply.status != 401, "\(method) \(path) refuses the admin token: \(reply)")
             }
-            #expect(try await API.send(port: port, "/v1/admin/recompute", headers: TestTokens.bearer(admin)).status == 200)
+            #expect(
+                try await API.send(port: port, "/v1/admin/recompute", headers: TestTokens.bearer(admin)).status == 200)
         }
     }
 
@@ -561,25 +667,52 @@ import Testing
         let privateEdPEM = EdDSA.PrivateKey(backing: privateEd25519).pemRepresentation
         // The code says which failure; where one code covers several (an unusable public key), the words say why.
         let cases: [(String, [String: String], ConfigurationError.Kind, String?)] = [
-            ("public key file holds a private key (Ed25519)",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("ed.pem", privateEdPEM)], .jwtPublicKeyInvalid, "holds a private key"),
-            ("public key file holds a private key (P-256)",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("p256.pem", P256.Signing.PrivateKey().pemRepresentation)],
-             .jwtPublicKeyInvalid, "holds a private key"),
-            ("public key file holds a private key (RSA)",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa.pem", RSATestKey.privatePEM)], .jwtPublicKeyInvalid,
-             "holds a private key"),
-            ("public key file is not a key",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("junk.pem", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")],
-             .jwtPublicKeyInvalid, "not an Ed25519, P-256 or RSA public key"),
-            ("RSA key of 1024 bits",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa1024.pem", RSATestKey.smallPublicPEM)], .jwtPublicKeyInvalid, "2048"),
-            ("public key file missing",
-             ["METRICSD_JWT_PUBLIC_KEY_FILE": "/nonexistent/metricsd/jwt.pem"], .secretUnreadable, "METRICSD_JWT_PUBLIC_KEY_FILE"),
-            ("secret shorter than 32 bytes",
-             ["METRICSD_JWT_SECRET_FILE": try scratchFile("short", "only-31-bytes-of-secret-0123456")], .jwtSecretTooShort, nil),
-            ("secret variable shorter than 32 bytes",
-             ["METRICSD_JWT_SECRET_FILE": "", "METRICSD_JWT_SECRET": "short"], .jwtSecretTooShort, nil),
+            (
+                "public key file holds a private key (Ed25519)",
+                ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("ed.pem", privateEdPEM)], .jwtPublicKeyInvalid,
+                "holds a private key"
+            ),
+            (
+                "public key file holds a private key (P-256)",
+                [
+                    "METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile(
+                        "p256.pem", P256.Signing.PrivateKey().pemRepresentation)
+                ],
+                .jwtPublicKeyInvalid, "holds a private key"
+            ),
+            (
+                "public key file holds a private key (RSA)",
+                ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa.pem", RSATestKey.privatePEM)],
+                .jwtPublicKeyInvalid,
+                "holds a private key"
+            ),
+            (
+                "public key file is not a key",
+                [
+                    "METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile(
+                        "junk.pem", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+                ],
+                .jwtPublicKeyInvalid, "not an Ed25519, P-256 or RSA public key"
+            ),
+            (
+                "RSA key of 1024 bits",
+                ["METRICSD_JWT_PUBLIC_KEY_FILE": try scratchFile("rsa1024.pem", RSATestKey.smallPublicPEM)],
+                .jwtPublicKeyInvalid, "2048"
+            ),
+            (
+                "public key file missing",
+                ["METRICSD_JWT_PUBLIC_KEY_FILE": "/nonexistent/metricsd/jwt.pem"], .secretUnreadable,
+                "METRICSD_JWT_PUBLIC_KEY_FILE"
+            ),
+            (
+                "secret shorter than 32 bytes",
+                ["METRICSD_JWT_SECRET_FILE": try scratchFile("short", "only-31-bytes-of-secret-0123456")],
+                .jwtSecretTooShort, nil
+            ),
+            (
+                "secret variable shorter than 32 bytes",
+                ["METRICSD_JWT_SECRET_FILE": "", "METRICSD_JWT_SECRET": "short"], .jwtSecretTooShort, nil
+            ),
         ]
         for (name, extra, kind, phrase) in cases {
             // An unreachable database: a configuration error must be reported before any connection attempt.

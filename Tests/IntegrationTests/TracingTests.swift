@@ -18,7 +18,8 @@ import Testing
         let receiver = try OTLPReceiver()
         try await receiver.waitUntilReady()
         var extra = [
-            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_SAMPLER": sampler,
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_TRACES_SAMPLER": sampler,
             "OTEL_SERVICE_NAME": "metricsd-test", "METRICSD_DAILY_AT": "00:00", "METRICSD_WORKERS": "1",
         ]
         if trustProxy { extra["METRICSD_TRUSTED_PROXIES"] = "127.0.0.1" }
@@ -107,7 +108,8 @@ import Testing
 
             for span in receiver.spans {
                 for (key, value) in span.attributes {
-                    #expect(!value.contains(String(Self.userID)), "\(span.name) \(key)=\(value) shows a parameter value")
+                    #expect(
+                        !value.contains(String(Self.userID)), "\(span.name) \(key)=\(value) shows a parameter value")
                 }
             }
             #expect(receiver.rejected.isEmpty, "rejected exports: \(receiver.rejected)")
@@ -157,7 +159,8 @@ import Testing
     @Test func traceparentFromAnUntrustedClientIsIgnored() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID)])
-            let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_off", trustProxy: false)
+            let (receiver, daemon) = try await Self.start(
+                database, sampler: "parentbased_always_off", trustProxy: false)
             let traceID = Self.randomHex(bytes: 16)
             let response = try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8))
             #expect(response.status == .ok)
@@ -171,7 +174,8 @@ import Testing
 
     /// `check-config` refuses what tracing does not support, naming the variable and what to set.
     @Test func checkConfigRefusesAnUnsupportedProtocol() async throws {
-        let files = try CommandLineTests.HostFiles(settings: "OTEL_TRACES_EXPORTER=otlp\nOTEL_EXPORTER_OTLP_PROTOCOL=grpc\n")
+        let files = try CommandLineTests.HostFiles(
+            settings: "OTEL_TRACES_EXPORTER=otlp\nOTEL_EXPORTER_OTLP_PROTOCOL=grpc\n")
         let check = try await CommandLineTests.metricsd(["check-config"], files.environment)
         #expect(check.status == 78, "\(check)")
         #expect(check.stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "\(check.stderr)")
@@ -184,13 +188,16 @@ import Testing
         _ database: TestDatabase, daemon: DaemonProcess, traceID: String, flags: String
     ) async throws -> String {
         // The user's row first (computed on request when the daily unit has not written it yet).
-        _ = try await daemon.request("/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(Self.userID)))
+        _ = try await daemon.request(
+            "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(Self.userID)))
         let lock = Task {
             try await database.execute(
                 "BEGIN; LOCK TABLE profile_metrics_latest IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT")
         }
         try await Task.sleep(for: .milliseconds(300))
-        let read = Task { try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8), flags: flags) }
+        let read = Task {
+            try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8), flags: flags)
+        }
         var query: String?
         _ = await DaemonProcess.eventually(timeout: .seconds(3)) {
             query = try? await database.value(

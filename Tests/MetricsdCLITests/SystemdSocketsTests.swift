@@ -34,7 +34,10 @@ import Testing
         let sockets = SystemdSockets.parse(Self.dualStackWithInternal)
         let publicSocket = try #require(sockets.publicSocket)
         #expect(publicSocket.isUsed && publicSocket.listen == ["127.0.0.1:8080", "[::1]:8080"])
-        #expect(publicSocket.addresses.map(\.address) == [ListenAddress(host: "127.0.0.1", port: 8080), ListenAddress(host: "::1", port: 8080)])
+        #expect(
+            publicSocket.addresses.map(\.address) == [
+                ListenAddress(host: "127.0.0.1", port: 8080), ListenAddress(host: "::1", port: 8080),
+            ])
         // Enabled, not started: passed from the next boot (check-config says so).
         let internalSocket = try #require(sockets.internalSocket)
         #expect(internalSocket.isUsed && internalSocket.listen == ["127.0.0.1:8090", "/run/metricsd-internal.sock"])
@@ -70,6 +73,8 @@ import Testing
         #expect(!sockets.serviceActive)
         #expect(sockets.passedSockets.public == 0 && sockets.passedSockets.internal == 0)
         // Not installed at all.
-        #expect(SystemdSockets.parse("Id=metricsd-internal.socket\nLoadState=not-found\nActiveState=inactive\n").internalSocket?.isUsed == false)
+        #expect(
+            SystemdSockets.parse("Id=metricsd-internal.socket\nLoadState=not-found\nActiveState=inactive\n")
+                .internalSocket?.isUsed == false)
     }
 }

@@ -22,7 +22,8 @@ import Testing
 
     @Test func offByDefaultAndWithNone() throws {
         #expect(try Self.configuration([:]).tracing == nil)
-        #expect(try Self.configuration(["OTEL_TRACES_EXPORTER": "none", "OTEL_TRACES_SAMPLER": "always_on"]).tracing == nil)
+        #expect(
+            try Self.configuration(["OTEL_TRACES_EXPORTER": "none", "OTEL_TRACES_SAMPLER": "always_on"]).tracing == nil)
     }
 
     @Test func otlpWithTheStandardDefaults() throws {
@@ -46,7 +47,8 @@ import Testing
         let exact = try #require(
             try Self.configuration([
                 "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9999/traces", "OTEL_TRACES_SAMPLER": "traceidratio",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9999/traces",
+                "OTEL_TRACES_SAMPLER": "traceidratio",
             ]).tracing)
         #expect(exact.endpoint == TracingSettings.Endpoint(host: "127.0.0.1", port: 9999, path: "/traces"))
         #expect(exact.sampler == Sampler(root: .ratio(1), followsParent: false))
@@ -54,12 +56,30 @@ import Testing
 
     @Test(arguments: [
         (["OTEL_TRACES_EXPORTER": "jaeger"], "OTEL_TRACES_EXPORTER='jaeger' is not valid: expected otlp or none"),
-        (["OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"], "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported: metricsd sends traces as OTLP over HTTP with JSON only; set http/json"),
-        (["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"], "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/protobuf' is not supported"),
-        (["OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318"], "OTEL_EXPORTER_OTLP_ENDPOINT='https://collector:4318' is not valid: expected an http:// URL"),
-        (["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:99999/v1/traces"], "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='http://collector:99999/v1/traces' is not valid"),
-        (["OTEL_TRACES_SAMPLER": "probabilistic"], "OTEL_TRACES_SAMPLER='probabilistic' is not valid: expected one of parentbased_traceidratio, traceidratio, always_on"),
-        (["OTEL_TRACES_SAMPLER_ARG": "1.5"], "OTEL_TRACES_SAMPLER_ARG='1.5' is not valid: expected a sampling ratio from 0 to 1"),
+        (
+            ["OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"],
+            "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported: metricsd sends traces as OTLP over HTTP with JSON only; set http/json"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"],
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/protobuf' is not supported"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318"],
+            "OTEL_EXPORTER_OTLP_ENDPOINT='https://collector:4318' is not valid: expected an http:// URL"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:99999/v1/traces"],
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='http://collector:99999/v1/traces' is not valid"
+        ),
+        (
+            ["OTEL_TRACES_SAMPLER": "probabilistic"],
+            "OTEL_TRACES_SAMPLER='probabilistic' is not valid: expected one of parentbased_traceidratio, traceidratio, always_on"
+        ),
+        (
+            ["OTEL_TRACES_SAMPLER_ARG": "1.5"],
+            "OTEL_TRACES_SAMPLER_ARG='1.5' is not valid: expected a sampling ratio from 0 to 1"
+        ),
         (["OTEL_TRACES_SAMPLER_ARG": "ten"], "OTEL_TRACES_SAMPLER_ARG='ten' is not valid"),
     ])
     func badValuesAreNamed(variables: [String: String], expected: String) throws {
@@ -82,7 +102,8 @@ import Testing
         for _ in 0..<4000 {
             let id = (0..<16).map { _ in UInt8.random(in: 0...255) }
             let first = sampler.samples(traceID: id, parentSampled: nil)
-            #expect(first == sampler.samples(traceID: id, parentSampled: true), "not parent-based: the parent is ignored")
+            #expect(
+                first == sampler.samples(traceID: id, parentSampled: true), "not parent-based: the parent is ignored")
             if first { sampled += 1 }
             #expect(!low.samples(traceID: id, parentSampled: nil))
         }

@@ -1,8 +1,8 @@
-import MetricsdConfiguration
-import MetricsdCLI
 import Foundation
 import HealthMetrics
 import Logging
+import MetricsdCLI
+import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
@@ -17,7 +17,8 @@ import Testing
     static let all: [String] =
         PostgresError.Code.all.map(\.errorCode) + MigrationError.Kind.allCases.map(\.rawValue)
         + StartupError.Kind.allCases.map(\.rawValue) + ConfigurationError.Kind.allCases.map(\.rawValue)
-        + [TokenKeyError.noKey(""), .unusablePublicKey("")].map(\.errorCode) + TokenError.Reason.allCases.map(\.rawValue)
+        + [TokenKeyError.noKey(""), .unusablePublicKey("")].map(\.errorCode)
+        + TokenError.Reason.allCases.map(\.rawValue)
         + (AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue) + OperatorSession.Failure.commandCodes
 
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -35,7 +36,8 @@ import Testing
         for codes in [
             MigrationError.Kind.allCases.map(\.rawValue), StartupError.Kind.allCases.map(\.rawValue),
             ConfigurationError.Kind.allCases.map(\.rawValue), TokenError.Reason.allCases.map(\.rawValue),
-            PostgresError.Code.all.map(\.errorCode), (AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue),
+            PostgresError.Code.all.map(\.errorCode),
+            (AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue),
         ] {
             #expect(Set(codes).count == codes.count, "\(codes)")
         }
@@ -50,17 +52,22 @@ import Testing
         let files = try #require(FileManager.default.enumerator(at: sources, includingPropertiesForKeys: nil))
         for case let file as URL in files where file.pathExtension == "swift" {
             let text = try String(contentsOf: file, encoding: .utf8)
-            declared += text.matches(of: /static let [A-Za-z0-9_]+ = Self\(rawValue: "([a-z0-9_.]+)"\)/).map { String($0.1) }
+            declared += text.matches(of: /static let [A-Za-z0-9_]+ = Self\(rawValue: "([a-z0-9_.]+)"\)/).map {
+                String($0.1)
+            }
         }
         #expect(declared.count >= 20, "found only \(declared)")
         let listed = Set((AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue))
-        #expect(Set(declared).subtracting(listed).isEmpty, "declared but in no list: \(Set(declared).subtracting(listed).sorted())")
+        #expect(
+            Set(declared).subtracting(listed).isEmpty,
+            "declared but in no list: \(Set(declared).subtracting(listed).sorted())")
     }
 
     /// The Operations article's table of error codes lists exactly the codes there are.
     @Test func theOperationsArticleListsEveryCode() throws {
         let article = try String(
-            contentsOf: Self.repository.appending(path: "Sources/MetricsdDaemon/Documentation.docc/Operations.md"), encoding: .utf8)
+            contentsOf: Self.repository.appending(path: "Sources/MetricsdDaemon/Documentation.docc/Operations.md"),
+            encoding: .utf8)
         let start = try #require(article.range(of: "### Error codes\n"))
         let section = article[start.upperBound...]
         let end = section.range(of: "\n### ")?.lowerBound ?? section.endIndex
@@ -68,14 +75,17 @@ import Testing
             line.firstMatch(of: /^\| `([a-z0-9_.]+)` \|/).map { String($0.1) }
         }
         #expect(Set(listed).count == listed.count, "a code is listed twice")
-        #expect(Set(listed) == Set(Self.all), "missing: \(Set(Self.all).subtracting(listed)), unknown: \(Set(listed).subtracting(Self.all))")
+        #expect(
+            Set(listed) == Set(Self.all),
+            "missing: \(Set(Self.all).subtracting(listed)), unknown: \(Set(listed).subtracting(Self.all))")
     }
 
     /// The API document's error schemas (the `code` enums and consts of `ErrorBody400` … `ErrorBody503`) name exactly
     /// the codes a reply can carry: every API code except `server.connection_closed`, which is never sent.
     @Test func theAPIDocumentListsEveryCodeTheAPISends() throws {
         let document = try String(
-            contentsOf: Self.repository.appending(path: "Sources/MetricsdDaemon/Resources/openapi.yaml"), encoding: .utf8)
+            contentsOf: Self.repository.appending(path: "Sources/MetricsdDaemon/Resources/openapi.yaml"),
+            encoding: .utf8)
         let start = try #require(document.range(of: "    ErrorBody400:\n"))
         let end = try #require(document.range(of: "\n    Metrics:\n"))
         var documented: [String] = []
@@ -88,17 +98,24 @@ import Testing
             if line.contains("enum: [") { inEnum = true }
             guard inEnum else { continue }
             // `code: {enum: [a.b, c.d]}` or `enum: [a.b,` followed by lines of codes up to `]`.
-            let values = (line.split(separator: "[", maxSplits: 1).last ?? line).split(whereSeparator: { ", ]}".contains($0) })
-            documented += values.map(String.init).filter { $0.wholeMatch(of: /[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+/) != nil }
+            let values = (line.split(separator: "[", maxSplits: 1).last ?? line).split(whereSeparator: {
+                ", ]}".contains($0)
+            })
+            documented += values.map(String.init).filter {
+                $0.wholeMatch(of: /[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+/) != nil
+            }
             if line.contains("]") { inEnum = false }
         }
         let sent = Set((AppError.Code.httpCodes + AppError.Code.endpointCodes).map(\.rawValue))
             .subtracting([AppError.Code.connectionClosed.rawValue])
         // 501 and 417 are not part of the contract's operations (no documented operation answers them).
-        let undocumentedStatuses: Set<String> = [AppError.Code.methodNotImplemented.rawValue, AppError.Code.expectationFailed.rawValue]
+        let undocumentedStatuses: Set<String> = [
+            AppError.Code.methodNotImplemented.rawValue, AppError.Code.expectationFailed.rawValue,
+        ]
         #expect(
             Set(documented) == sent.subtracting(undocumentedStatuses),
-            "missing: \(sent.subtracting(undocumentedStatuses).subtracting(documented)), unknown: \(Set(documented).subtracting(sent))")
+            "missing: \(sent.subtracting(undocumentedStatuses).subtracting(documented)), unknown: \(Set(documented).subtracting(sent))"
+        )
     }
 
     /// The journal field the documentation tells operators to filter on.
@@ -110,7 +127,8 @@ import Testing
         let uncoded: [String: String] = .errorFields(Uncoded())
         #expect(uncoded.keys.sorted() == ["metricsd.error"])
         let record = JournalFields.make(
-            level: .warning, message: "Request failed", metadata: .errorFields("database unavailable", code: "database.pool_timeout"),
+            level: .warning, message: "Request failed",
+            metadata: .errorFields("database unavailable", code: "database.pool_timeout"),
             source: "", file: "", function: "", line: 0)
         #expect(record.contains { $0.name == "ERROR_CODE" && $0.value == "database.pool_timeout" }, "\(record)")
     }

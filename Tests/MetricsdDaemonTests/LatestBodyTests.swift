@@ -27,10 +27,11 @@ import Testing
         #expect(metrics["computedAt"] as? String == "2025-10-29T00:05:00.000Z")
         #expect(metrics["version"] as? Int == 1)
         let explanations = try #require(data["explanations"] as? [String: String])
-        #expect(explanations == [
-            "bmi": Explanations(latest.metrics).bmi, "bmr": Explanations(latest.metrics).bmr,
-            "tdee": Explanations(latest.metrics).tdee,
-        ])
+        #expect(
+            explanations == [
+                "bmi": Explanations(latest.metrics).bmi, "bmr": Explanations(latest.metrics).bmr,
+                "tdee": Explanations(latest.metrics).tdee,
+            ])
         #expect(data["acknowledged"] as? Bool == (acknowledgedAt != nil))
         if let acknowledgedAt {
             let acknowledgement = try #require(data["acknowledgement"] as? [String: Any])

@@ -1,6 +1,6 @@
-import MetricsdTestSupport
 import CoreMetrics
 import Foundation
+import MetricsdTestSupport
 import Prometheus
 import Testing
 
@@ -47,8 +47,13 @@ import Testing
 
     @Test func aNameMissingFromTheCatalogueIsReported() {
         let registry = PrometheusCollectorRegistry()
-        CoreMetrics.Counter(label: "metricsd_not_documented_total", factory: DocumentedMetricsFactory(registry: registry)).increment()
-        #expect(PrometheusScrape.undocumentedFamilies(registry.emitToString()) == ["metricsd_not_documented_total: no # HELP"])
+        CoreMetrics.Counter(
+            label: "metricsd_not_documented_total", factory: DocumentedMetricsFactory(registry: registry)
+        ).increment()
+        #expect(
+            PrometheusScrape.undocumentedFamilies(registry.emitToString()) == [
+                "metricsd_not_documented_total: no # HELP"
+            ])
     }
 
     @Test func namesFollowTheConventions() {
@@ -56,7 +61,9 @@ import Testing
             let name = entry.name
             #expect(name.hasPrefix("metricsd_"), "\(name)")
             #expect(name.allSatisfy { $0.isLowercase || $0.isNumber || $0 == "_" }, "\(name): snake_case")
-            #expect(entry.kind == .counter ? name.hasSuffix("_total") : !name.hasSuffix("_total"), "\(name): _total iff counter")
+            #expect(
+                entry.kind == .counter ? name.hasSuffix("_total") : !name.hasSuffix("_total"),
+                "\(name): _total iff counter")
             if entry.kind == .histogram { #expect(name.hasSuffix("_seconds"), "\(name): a histogram of seconds") }
             for unit in ["_ms", "_millis", "milliseconds", "_minutes", "_hours", "_kb", "_mb"] {
                 #expect(!name.contains(unit), "\(name): base units (seconds, bytes)")

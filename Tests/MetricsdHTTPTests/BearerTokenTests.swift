@@ -12,7 +12,10 @@ import Testing
         #expect(try bearerToken(header) == Substring(token), "\(header)")
     }
 
-    @Test(arguments: ["", " ", "Bearer", "Bearer ", "  Bearer ", "Basic abc", "Bearerx abc", "Bear abc", "Bearer\tabc", "B\u{E9}arer abc"])
+    @Test(arguments: [
+        "", " ", "Bearer", "Bearer ", "  Bearer ", "Basic abc", "Bearerx abc", "Bear abc", "Bearer\tabc",
+        "B\u{E9}arer abc",
+    ])
     func anythingElseIsMalformed(_ header: String) {
         #expect(throws: AppError.self, "\(header)") { try bearerToken(header) }
         do {

@@ -57,7 +57,9 @@ import Testing
         let connection = try await TestConnection()
         connection.channel.isWritable = false
         connection.channel.pipeline.fireChannelWritabilityChanged()
-        try connection.send("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: b\r\n\r\n")
+        try connection.send(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: b\r\n\r\n"
+        )
         // The first reply's head and body are out; its end, which lets the second request in, is held.
         #expect(try connection.replies().map { $0.headers["x-request-id"] } == ["a"])
         connection.channel.read()
@@ -113,7 +115,8 @@ import Testing
     @Test func connectionCloseIsAnsweredThenClosedAndNothingAfterIsDispatched() async throws {
         let connection = try await TestConnection()
         try connection.send(
-            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nPOST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nPOST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        )
         let replies = try connection.replies()
         #expect(replies.map(\.status) == [200])
         #expect(replies.first?.headers["connection"] == "close")
@@ -123,7 +126,9 @@ import Testing
 
     @Test func oversizedBodiesAre413AndCloseTheConnection() async throws {
         let declared = try await TestConnection()
-        try declared.send("POST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 16385\r\n\r\nPOST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        try declared.send(
+            "POST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 16385\r\n\r\nPOST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        )
         #expect(try declared.replies().map(\.status) == [413])
         #expect(!declared.isActive)
         #expect(declared.counted == 0, "nothing after a 413 is dispatched")
@@ -180,7 +185,9 @@ import Testing
 
     @Test func upgradeIsAnsweredAsHTTP11AndTheConnectionEnds() async throws {
         let connection = try await TestConnection()
-        try connection.send("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n")
+        try connection.send(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n"
+        )
         let replies = try connection.replies()
         #expect(replies.map(\.status) == [200])
         #expect(replies.first?.headers["connection"] == "close")
@@ -235,17 +242,26 @@ final class TestConnection {
         let verifier = try TokenVerifier(TokenConfiguration(hmacSecret: String(repeating: "s", count: 32)))
         let state = self.endpointsState
         let endpoints = [
-            Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
-            Endpoint(.get, "/later", access: .open, caching: .noStore, .callback { _, done in state.pending.withLock { $0.append(done) } }),
-            Endpoint(.post, "/echo", access: .open, caching: .noStore, .immediate { request in Reply(body: Reply.line(String(buffer: request.body))) }),
-            Endpoint(.post, "/count", access: .open, caching: .noStore, .immediate { _ in
-                state.counted.withLock { $0 += 1 }
-                return .json("{}")
-            }),
+            Endpoint(
+                .get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
+            Endpoint(
+                .get, "/later", access: .open, caching: .noStore,
+                .callback { _, done in state.pending.withLock { $0.append(done) } }),
+            Endpoint(
+                .post, "/echo", access: .open, caching: .noStore,
+                .immediate { request in Reply(body: Reply.line(String(buffer: request.body))) }),
+            Endpoint(
+                .post, "/count", access: .open, caching: .noStore,
+                .immediate { _ in
+                    state.counted.withLock { $0 += 1 }
+                    return .json("{}")
+                }),
         ]
         let dispatcher = APIDispatcher(
-            endpoints: endpoints, credentials: CredentialBox(.init(tokens: verifier, admin: nil)), inFlight: InFlightCounter(),
-            maxInFlight: 64, requestLog: RequestLog(mode: .off, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }),
+            endpoints: endpoints, credentials: CredentialBox(.init(tokens: verifier, admin: nil)),
+            inFlight: InFlightCounter(),
+            maxInFlight: 64,
+            requestLog: RequestLog(mode: .off, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }),
             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
         let pipeline = self.channel.pipeline.syncOperations
         try pipeline.addHandler(self.readCounter)
@@ -283,7 +299,9 @@ final class TestConnection {
     func replies(bodyless: [Bool] = []) throws -> [WireResponse] {
         while let chunk = try self.channel.readOutbound(as: ByteBuffer.self) { self.buffer += chunk.readableBytesView }
         var replies: [WireResponse] = []
-        while let (reply, used) = WireResponse.parse(self.buffer[...], bodyless: replies.count < bodyless.count && bodyless[replies.count]) {
+        while let (reply, used) = WireResponse.parse(
+            self.buffer[...], bodyless: replies.count < bodyless.count && bodyless[replies.count])
+        {
             replies.append(reply)
             self.buffer.removeFirst(used)
         }

@@ -102,7 +102,9 @@ import Testing
 
     @Test func anHTTP10KeepAliveReplySaysSo() {
         var machine = Self.responding(Self.head(.GET, "/", version: .http1_0, [("Connection", "keep-alive")]))
-        #expect(machine.replyReady(isWritable: true, now: Self.start) == .init(action: .writeAndEnd, bodyless: false, announcesKeepAlive: true))
+        #expect(
+            machine.replyReady(isWritable: true, now: Self.start)
+                == .init(action: .writeAndEnd, bodyless: false, announcesKeepAlive: true))
     }
 
     @Test func headRepliesAreBodyless() {
@@ -133,18 +135,25 @@ import Testing
 
     @Test func expectations() {
         var machine = Self.machine()
-        #expect(machine.head(Self.head(.POST, "/x", [("Expect", "100-Continue"), ("Content-Length", "3")]), now: Self.start) == .sendContinue)
+        #expect(
+            machine.head(
+                Self.head(.POST, "/x", [("Expect", "100-Continue"), ("Content-Length", "3")]), now: Self.start)
+                == .sendContinue)
         var noBody = Self.machine()
         #expect(noBody.head(Self.head(.GET, "/x", [("Expect", "100-continue")]), now: Self.start) == .none)
         var old = Self.machine()
-        #expect(old.head(Self.head(.POST, "/x", version: .http1_0, [("Expect", "100-continue"), ("Content-Length", "3")]), now: Self.start) == .none)
+        #expect(
+            old.head(
+                Self.head(.POST, "/x", version: .http1_0, [("Expect", "100-continue"), ("Content-Length", "3")]),
+                now: Self.start) == .none)
         var unknown = Self.machine()
         let teapot = Self.head(.POST, "/x", [("Expect", "teapot"), ("Content-Length", "3")])
         #expect(unknown.head(teapot, now: Self.start) == .refuse(teapot, .expectationFailed))
         #expect(unknown.replyReady(isWritable: true, now: Self.start).action == .writeAndClose)
         var large = Self.machine()
         let big = Self.head(.POST, "/x", [("Expect", "100-continue"), ("Content-Length", "100")])
-        #expect(large.head(big, now: Self.start) == .refuse(big, .bodyTooLarge), "no 100 for a body that would be refused")
+        #expect(
+            large.head(big, now: Self.start) == .refuse(big, .bodyTooLarge), "no 100 for a body that would be refused")
     }
 
     @Test func halfCloseClosesAtOnceWhenNothingIsPendingElseAfterTheReply() {

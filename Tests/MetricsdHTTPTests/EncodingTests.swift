@@ -36,15 +36,21 @@ import Testing
     /// subset it gives up (nil) and the verifier asks `JSONDecoder`.
     @Test(arguments: [
         (#"{"sub":"42","exp":1700000000,"iat":1699996400}"#, true),
-        (#" { "exp" : 1700000000 ,"sub":"42" , "nbf":1699990000, "iss":"https://id.example", "aud":"metricsd" } "#, true),
+        (
+            #" { "exp" : 1700000000 ,"sub":"42" , "nbf":1699990000, "iss":"https://id.example", "aud":"metricsd" } "#,
+            true
+        ),
         (#"{"sub":42,"exp":1700000000,"jti":"x-1","scope":"read write","n":0}"#, true),
         (#"{"sub":"0042","exp":1}"#, true), (#"{}"#, true), (#"{"exp":0}"#, true),
         (#"{"sub":"42","aud":["a","b"],"exp":1700000000}"#, false), (#"{"sub":"42","exp":1700000000.5}"#, false),
-        (#"{"sub":"42","exp":1.7e9}"#, false), (#"{"sub":"42","exp":-5}"#, false), (#"{"sub":"4\u0032","exp":1}"#, false),
+        (#"{"sub":"42","exp":1.7e9}"#, false), (#"{"sub":"42","exp":-5}"#, false),
+        (#"{"sub":"4\u0032","exp":1}"#, false),
         (#"{"sub":"42","exp":1,"sub":"43"}"#, false), (#"{"sub":"42","exp":1,"ctx":{"a":1}}"#, false),
-        (#"{"sub":"42","exp":1,"admin":true}"#, false), (#"{"sub":null,"exp":1}"#, false), (#"{"sub":"42","exp":1}x"#, false),
+        (#"{"sub":"42","exp":1,"admin":true}"#, false), (#"{"sub":null,"exp":1}"#, false),
+        (#"{"sub":"42","exp":1}x"#, false),
         (#"{"sub":"42","exp":1,}"#, false), (#"{"exp":0123}"#, false), (#"{"exp":1234567890123456}"#, false),
-        (#"{"sub":"é","exp":1}"#, false), (#"[]"#, false), (#""#, false), (#"{"sub":"42""#, false), (#"{"sub"}"#, false),
+        (#"{"sub":"é","exp":1}"#, false), (#"[]"#, false), (#""#, false), (#"{"sub":"42""#, false),
+        (#"{"sub"}"#, false),
     ])
     func compactClaimsAgreeWithJSONDecoder(_ payload: String, plain: Bool) {
         let fast = JWTClaims(compact: Array(payload.utf8))
@@ -68,11 +74,13 @@ import Testing
                 claims[key] = Int.random(in: 0...4_000_000_000, using: &generator)
             }
             for key in ["iss", "aud", "jti", "scope"] where Bool.random(using: &generator) {
-                claims[key] = String((0..<Int.random(in: 0...20, using: &generator)).map { _ in
-                    "abcdefghijklmnopqrstuvwxyz0123456789-_.: ".randomElement(using: &generator)!
-                })
+                claims[key] = String(
+                    (0..<Int.random(in: 0...20, using: &generator)).map { _ in
+                        "abcdefghijklmnopqrstuvwxyz0123456789-_.: ".randomElement(using: &generator)!
+                    })
             }
-            let data = try JSONSerialization.data(withJSONObject: claims, options: Bool.random() ? [.prettyPrinted] : [])
+            let data = try JSONSerialization.data(
+                withJSONObject: claims, options: Bool.random() ? [.prettyPrinted] : [])
             let fast = JWTClaims(compact: Array(data))
             let decoded = try JSONDecoder().decode(JWTClaims.self, from: data)
             #expect(fast == decoded, "\(String(decoding: data, as: UTF8.self))")
@@ -85,7 +93,9 @@ import Testing
         var seen = Set<String>()
         for _ in 0..<100_000 {
             let id = APIDispatcher.newRequestID()
-            #expect(id.utf8.count == 16 && id.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }, "\(id)")
+            #expect(
+                id.utf8.count == 16 && id.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }, "\(id)"
+            )
             seen.insert(id)
         }
         #expect(seen.count == 100_000)
@@ -106,9 +116,11 @@ import Testing
         let decoded = try JSONSerialization.jsonObject(with: Data("[\(json)]".utf8)) as? [String]
         #expect(decoded == [text], "\(json)")
         #expect(!json.contains("\u{2028}") && !json.contains("\u{2029}"))
-        #expect(JSONWriter.needsEscaping(text) == text.unicodeScalars.contains {
-            $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
-        })
+        #expect(
+            JSONWriter.needsEscaping(text)
+                == text.unicodeScalars.contains {
+                    $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x2028 || $0.value == 0x2029
+                })
     }
 
 }

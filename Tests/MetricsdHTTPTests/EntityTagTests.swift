@@ -19,7 +19,8 @@ import Testing
 
     /// Any single byte that changes changes the tag (every position of a realistic body, every bit).
     @Test func everyChangedByteChangesTheTag() {
-        let body = Array("{\"user_id\":42,\"version\":3,\"computed_at\":\"2026-11-25T00:05:00Z\",\"acknowledged\":false}\n".utf8)
+        let body = Array(
+            "{\"user_id\":42,\"version\":3,\"computed_at\":\"2026-11-25T00:05:00Z\",\"acknowledged\":false}\n".utf8)
         let original = EntityTag.strong(of: ByteBuffer(bytes: body))
         var seen: Set<EntityTag> = [original]
         for position in body.indices {
@@ -39,7 +40,9 @@ import Testing
     @Test func lengthsAndWordBoundariesGetTheirOwnTags() {
         let zeros = (0...24).map { EntityTag.strong(of: ByteBuffer(bytes: [UInt8](repeating: 0, count: $0))) }
         #expect(Set(zeros).count == zeros.count)
-        let prefixes = (0...24).map { EntityTag.strong(of: ByteBuffer(bytes: Array("abcdefghijklmnopqrstuvwx".utf8.prefix($0)))) }
+        let prefixes = (0...24).map {
+            EntityTag.strong(of: ByteBuffer(bytes: Array("abcdefghijklmnopqrstuvwx".utf8.prefix($0))))
+        }
         #expect(Set(prefixes).count == prefixes.count)
         #expect(self.tag("metrics") == self.tag("metrics"), "the same bytes, the same tag")
     }

@@ -9,7 +9,10 @@ import Testing
 /// certificate not valid yet or expiring within 14 days is served with a warning.
 @Suite struct TLSCertificateCheckTests {
     static func texts(_ made: TestCertificate) throws -> (certificate: String, key: String) {
-        (try String(contentsOfFile: made.certificate, encoding: .utf8), try String(contentsOfFile: made.key, encoding: .utf8))
+        (
+            try String(contentsOfFile: made.certificate, encoding: .utf8),
+            try String(contentsOfFile: made.key, encoding: .utf8)
+        )
     }
 
     /// The refusal's message, or nil when the pair is accepted at `now`.
@@ -24,7 +27,8 @@ import Testing
     }
 
     @Test func theDatesDecideBetweenRefusalWarningAndNothing() async throws {
-        let made = try await TestCertificate.make("dates", validFrom: TestCertificate.now - 86_400, until: TestCertificate.now + 40 * 86_400)
+        let made = try await TestCertificate.make(
+            "dates", validFrom: TestCertificate.now - 86_400, until: TestCertificate.now + 40 * 86_400)
         let (certificate, key) = try Self.texts(made)
         let check = try TLSIdentity.validate(certificate: certificate, key: key, now: made.notBefore + 60)
         #expect(check.notValidBefore == made.notBefore && check.notValidAfter == made.notAfter)
@@ -33,13 +37,15 @@ import Testing
 
         // The last second of its validity: served, with the warning that it expires.
         let lastSecond = try TLSIdentity.validate(certificate: certificate, key: key, now: made.notAfter - 1)
-        #expect(lastSecond.warnings.count == 1 && lastSecond.warnings[0].contains("expires on"), "\(lastSecond.warnings)")
+        #expect(
+            lastSecond.warnings.count == 1 && lastSecond.warnings[0].contains("expires on"), "\(lastSecond.warnings)")
         #expect(lastSecond.warnings[0].contains("in less than a day: renew it and reload"), "\(lastSecond.warnings)")
         // 14 days ahead is the edge of the warning.
         let edge = made.notAfter - TLSCertificateCheck.expiryWarningSeconds
         #expect(try TLSIdentity.validate(certificate: certificate, key: key, now: edge).warnings == [])
         let inside = try TLSIdentity.validate(certificate: certificate, key: key, now: edge + 1)
-        #expect(inside.warnings.count == 1 && inside.warnings[0].contains(", in 13 days: renew it"), "\(inside.warnings)")
+        #expect(
+            inside.warnings.count == 1 && inside.warnings[0].contains(", in 13 days: renew it"), "\(inside.warnings)")
 
         let expired = try Self.refusal(made, now: made.notAfter)
         let date = TLSCertificateCheck.date(made.notAfter)
@@ -50,7 +56,9 @@ import Testing
         // Before its notBefore: served (a clock a little behind), with the warning saying when it starts.
         let early = try TLSIdentity.validate(certificate: certificate, key: key, now: made.notBefore - 60)
         #expect(early.warnings.count == 1, "\(early.warnings)")
-        #expect(early.warnings.first?.contains("is not valid before \(TLSCertificateCheck.date(made.notBefore)): clients refuse it") == true)
+        #expect(
+            early.warnings.first?.contains(
+                "is not valid before \(TLSCertificateCheck.date(made.notBefore)): clients refuse it") == true)
     }
 
     @Test func weakKeysAreRefusedWithWhatToUseInstead() async throws {
@@ -63,12 +71,16 @@ import Testing
             "\(refusal ?? "accepted")")
         let p224 = try await TestCertificate.make("p224", key: .ec("P-224"))
         let curve = try Self.refusal(p224, now: now)
-        #expect(curve?.hasPrefix("the TLS certificate's key is EC on P-224 (224 bits), not P-256, P-384 or P-521: issue a certificate") == true, "\(curve ?? "accepted")")
+        #expect(
+            curve?.hasPrefix(
+                "the TLS certificate's key is EC on P-224 (224 bits), not P-256, P-384 or P-521: issue a certificate")
+                == true, "\(curve ?? "accepted")")
         let secp256k1 = try await TestCertificate.make("k1", key: .ec("secp256k1"))
         #expect(try Self.refusal(secp256k1, now: now)?.contains("EC on secp256k1 (256 bits), not P-256") == true)
 
         // An expired certificate with a weak key: the key is named (renewing it as it is would not help).
-        let both = try await TestCertificate.make("both", key: .rsa(bits: 1024), validFrom: now - 90 * 86_400, until: now - 86_400)
+        let both = try await TestCertificate.make(
+            "both", key: .rsa(bits: 1024), validFrom: now - 90 * 86_400, until: now - 86_400)
         #expect(try Self.refusal(both, now: now)?.contains("RSA of 1024 bits") == true)
 
         for (key, name) in [(TestCertificate.Key.rsa(bits: 2048), "RSA 2048 bits"), (.ec("P-384"), "EC P-384")] {
@@ -81,7 +93,8 @@ import Testing
     /// A replaced certificate is checked the same way; a refused one leaves the one in use.
     @Test func aRefusedReplacementKeepsTheCertificateInUse() async throws {
         let first = try await TestCertificate.make("first")
-        let expired = try await TestCertificate.make("expired", validFrom: TestCertificate.now - 10 * 86_400, until: TestCertificate.now - 60)
+        let expired = try await TestCertificate.make(
+            "expired", validFrom: TestCertificate.now - 10 * 86_400, until: TestCertificate.now - 60)
         let (certificate, key) = try Self.texts(first)
         let identity = try TLSIdentity(certificate: certificate, key: key)
         let (old, oldKey) = try Self.texts(expired)

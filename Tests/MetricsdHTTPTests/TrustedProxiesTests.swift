@@ -53,7 +53,9 @@ import Testing
         var proxies = try #require(TrustedProxies(parsing: "127.0.0.1,10.0.0.0/8"))
         proxies.header = .forwarded
         let nginx = try Self.peer("127.0.0.1")
-        #expect(proxies.client(peer: nginx, forwarded: #"for=192.0.2.43, for="[2001:db8:cafe::17]:4711";proto=https"#) == "2001:db8:cafe::17")
+        #expect(
+            proxies.client(peer: nginx, forwarded: #"for=192.0.2.43, for="[2001:db8:cafe::17]:4711";proto=https"#)
+                == "2001:db8:cafe::17")
         #expect(proxies.client(peer: nginx, forwarded: "for=192.0.2.60:8080;by=10.0.0.1") == "192.0.2.60")
         #expect(proxies.client(peer: nginx, forwarded: "proto=https") == "127.0.0.1")
         // The X-Forwarded-For syntax is not Forwarded's: a bare address names nobody.

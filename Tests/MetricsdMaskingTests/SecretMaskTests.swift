@@ -27,15 +27,24 @@ import Testing
 
     /// libpq's messages for the URLs it refuses quote the password whole or in part: none of it survives.
     @Test(arguments: [
-        ("postgresql://m:Wd3%zzEscapePw@db/m", #"invalid percent-encoded token: "Wd3%zzEscapePw""#,
-         #"invalid percent-encoded token: "***""#),
-        ("postgresql://m:Xx@Yt9AtSignPw@127.0.0.1/m", #"could not translate host name "Yt9AtSignPw@127.0.0.1" to address"#,
-         #"could not translate host name "***@127.0.0.1" to address"#),
-        ("postgresql://m:Br4cketLeakPw@[::1:5/m",
-         #"end of string reached when looking for matching "]" in IPv6 host address in URI: "postgresql://m:Br4cketLeakPw@[::1:5/m""#,
-         #"end of string reached when looking for matching "]" in IPv6 host address in URI: "postgresql://m:***@[::1:5/m""#),
-        ("postgresql://m:ab/cdSlashPw@127.0.0.1/m", "port 'ab' is not a port number (1–65535)",
-         "port '***' is not a port number (1–65535)"),
+        (
+            "postgresql://m:Wd3%zzEscapePw@db/m", #"invalid percent-encoded token: "Wd3%zzEscapePw""#,
+            #"invalid percent-encoded token: "***""#
+        ),
+        (
+            "postgresql://m:Xx@Yt9AtSignPw@127.0.0.1/m",
+            #"could not translate host name "Yt9AtSignPw@127.0.0.1" to address"#,
+            #"could not translate host name "***@127.0.0.1" to address"#
+        ),
+        (
+            "postgresql://m:Br4cketLeakPw@[::1:5/m",
+            #"end of string reached when looking for matching "]" in IPv6 host address in URI: "postgresql://m:Br4cketLeakPw@[::1:5/m""#,
+            #"end of string reached when looking for matching "]" in IPv6 host address in URI: "postgresql://m:***@[::1:5/m""#
+        ),
+        (
+            "postgresql://m:ab/cdSlashPw@127.0.0.1/m", "port 'ab' is not a port number (1–65535)",
+            "port '***' is not a port number (1–65535)"
+        ),
         ("postgresql://m:S%40fe%21Pw@db/m", "authentication for S@fe!Pw failed", "authentication for *** failed"),
     ])
     func knownPasswordsAndTheirFragmentsAreMasked(url: String, message: String, expected: String) {
@@ -44,7 +53,8 @@ import Testing
     }
 
     @Test func credentialAndPGPASSWORDAreKnownToo() {
-        let mask = SecretMask(connectionString: "host=db", password: "Cr3dential-Pw", environment: ["PGPASSWORD": "EnvPw-0123"])
+        let mask = SecretMask(
+            connectionString: "host=db", password: "Cr3dential-Pw", environment: ["PGPASSWORD": "EnvPw-0123"])
         #expect(mask.apply("a Cr3dential-Pw b EnvPw-0123 c") == "a *** b *** c")
         #expect(!mask.isEmpty)
         #expect(SecretMask(connectionString: "host=db").isEmpty)
@@ -77,7 +87,10 @@ import Testing
         ("postgresql://u@db/x?password=qpw&sslmode=require", "postgresql://u@db/x?password=***&sslmode=require"),
         ("host=db password=kw-pw dbname=x", "host=db password=*** dbname=x"),
         ("host=db password = 'a b' dbname=x", "host=db password = '***' dbname=x"),
-        ("PGPASSWORD=abc METRICSD_JWT_SECRET=\"s e c\" METRICSD_ADMIN_TOKEN=t0k", "PGPASSWORD=*** METRICSD_JWT_SECRET=\"***\" METRICSD_ADMIN_TOKEN=***"),
+        (
+            "PGPASSWORD=abc METRICSD_JWT_SECRET=\"s e c\" METRICSD_ADMIN_TOKEN=t0k",
+            "PGPASSWORD=*** METRICSD_JWT_SECRET=\"***\" METRICSD_ADMIN_TOKEN=***"
+        ),
         ("url?access_token=abc.def&x=1", "url?access_token=***&x=1"),
     ])
     func patternsMaskWhatTheyRecognise(text: String, expected: String) {
@@ -98,8 +111,10 @@ import Testing
         #expect(SecretPatterns.apply(text) == text)
     }
 
-    @Test(arguments: [("PGPASSWORD", true), ("db_password", true), ("METRICSD_JWT_SECRET", true), ("METRICSD_JWT_SECRET_FILE", false),
-                      ("access_token", true), ("DATABASE_URL", false), ("user", false)])
+    @Test(arguments: [
+        ("PGPASSWORD", true), ("db_password", true), ("METRICSD_JWT_SECRET", true), ("METRICSD_JWT_SECRET_FILE", false),
+        ("access_token", true), ("DATABASE_URL", false), ("user", false),
+    ])
     func secretNames(name: String, secret: Bool) {
         #expect(SecretPatterns.namesSecret(name) == secret)
     }

@@ -105,7 +105,8 @@ import Testing
         case 6:
             return "UPDATE profile_metrics SET bmr = bmr + 1, tdee = tdee - 1 WHERE \(users)"
         case 7:
-            return "UPDATE profile_metrics SET user_id = user_id % 400 + 1 WHERE \(users) AND version = 3 AND metrics_date > current_date"
+            return
+                "UPDATE profile_metrics SET user_id = user_id % 400 + 1 WHERE \(users) AND version = 3 AND metrics_date > current_date"
         case 8:
             // A version bump (recompute-all): a row of a new version for every chosen user, some twice, equal instants.
             return """

@@ -1,7 +1,7 @@
 import Foundation
 import Logging
-import NIOPosix
 import MetricsdTestSupport
+import NIOPosix
 import Testing
 
 @testable import MetricsdPostgres
@@ -10,7 +10,9 @@ import Testing
 /// it holds each user's newest row (latest `computed_at`, the greater id between equal ones) and nothing else.
 /// (That the read probes only this table: `LatestMetricsTests.latestQueryUsesTheIndex`.)
 @Suite struct LatestTableTests {
-    static func expectInStep(_ database: TestDatabase, after step: String, sourceLocation: SourceLocation = #_sourceLocation)
+    static func expectInStep(
+        _ database: TestDatabase, after step: String, sourceLocation: SourceLocation = #_sourceLocation
+    )
         async throws
     {
         let history = try await database.value(HistoryQueries.fromHistory)
@@ -32,22 +34,29 @@ import Testing
                 nextDay += 1
                 let minute = Int.random(in: 0..<4, using: &random)  // equal computed_at now and then
                 let version = Int.random(in: 1...3, using: &random)
-                return "(\(user), \(Int.random(in: 150...350, using: &random)) / 10.0, \(Int.random(in: 1200...2200, using: &random)), "
+                return
+                    "(\(user), \(Int.random(in: 150...350, using: &random)) / 10.0, \(Int.random(in: 1200...2200, using: &random)), "
                     + "\(Int.random(in: 1500...3200, using: &random)), \(version), date '2026-01-01' + \(nextDay), "
                     + "timestamptz '2026-03-01T00:00:00Z' + interval '1 minute' * \(minute * 1000 + Int.random(in: 0...900, using: &random)))"
             }
-            let insert = "INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES "
+            let insert =
+                "INSERT INTO profile_metrics AS pm (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) VALUES "
             var (mostKept, fewestKept) = (0, Int.max)
             for step in 0..<400 {
                 let user = Int.random(in: 1...12, using: &random)
                 // Now and then, at fixed steps: a user's deletion and the two truncations.
-                let kind = step % 100 == 99 ? 97 : step % 100 == 49 ? 98 : step % 25 == 13 ? 99 : Int.random(in: 0..<14, using: &random)
+                let kind =
+                    step % 100 == 99
+                    ? 97 : step % 100 == 49 ? 98 : step % 25 == 13 ? 99 : Int.random(in: 0..<14, using: &random)
                 let sql: String
                 switch kind {
                 case 0, 1, 2:
                     sql = insert + row(user, &random)
                 case 3:
-                    sql = insert + (0..<4).map { _ in row(Int.random(in: 1...12, using: &random), &random) }.joined(separator: ", ")
+                    sql =
+                        insert
+                        + (0..<4).map { _ in row(Int.random(in: 1...12, using: &random), &random) }.joined(
+                            separator: ", ")
                 case 4:
                     sql = insert + row(user, &random) + ", " + row(user, &random) + ", " + row(user, &random)
                 case 5:
@@ -61,36 +70,44 @@ import Testing
                               computed_at = greatest(excluded.computed_at, pm.computed_at + interval '1 millisecond')
                         """
                 case 6:
-                    sql = "UPDATE profile_metrics SET computed_at = computed_at + interval '7 days' WHERE id = "
+                    sql =
+                        "UPDATE profile_metrics SET computed_at = computed_at + interval '7 days' WHERE id = "
                         + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY random() LIMIT 1)"
                 case 7:
                     // Backwards: the newest row may stop being the newest.
-                    sql = "UPDATE profile_metrics SET computed_at = computed_at - interval '30 days' WHERE id = "
+                    sql =
+                        "UPDATE profile_metrics SET computed_at = computed_at - interval '30 days' WHERE id = "
                         + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at DESC, id DESC LIMIT 1)"
                 case 8:
                     sql = "UPDATE profile_metrics SET bmr = bmr + 7 WHERE user_id = \(user)"
                 case 9:
-                    sql = "DELETE FROM profile_metrics WHERE id = "
+                    sql =
+                        "DELETE FROM profile_metrics WHERE id = "
                         + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at DESC, id DESC LIMIT 1)"
                 case 10:
-                    sql = "DELETE FROM profile_metrics WHERE id = "
+                    sql =
+                        "DELETE FROM profile_metrics WHERE id = "
                         + "(SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY computed_at, id LIMIT 1)"
                 case 11:
-                    sql = Int.random(in: 0..<3, using: &random) == 0
+                    sql =
+                        Int.random(in: 0..<3, using: &random) == 0
                         ? "DELETE FROM profile_metrics WHERE user_id = \(user)"
                         : "DELETE FROM profile_metrics WHERE user_id IN (\(user), \(user % 12 + 1)) AND version = 2"
                 case 12:
-                    sql = "SET session_replication_role = replica; " + insert + row(user, &random)
+                    sql =
+                        "SET session_replication_role = replica; " + insert + row(user, &random)
                         + "; DELETE FROM profile_metrics WHERE id = (SELECT min(id) FROM profile_metrics WHERE user_id = \(user % 12 + 1))"
                         + "; SET session_replication_role = DEFAULT"
                 case 97:
                     sql = "TRUNCATE profile_metrics"
                 case 98:
                     // The truncation cascades to the kept table too, in the same statement as its trigger.
-                    sql = "TRUNCATE users, profile_metrics CASCADE; "
+                    sql =
+                        "TRUNCATE users, profile_metrics CASCADE; "
                         + "INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1, 12) g"
                 case 99:
-                    sql = "DELETE FROM users WHERE id = \(user); INSERT INTO users (id, timezone) VALUES (\(user), 'UTC')"
+                    sql =
+                        "DELETE FROM users WHERE id = \(user); INSERT INTO users (id, timezone) VALUES (\(user), 'UTC')"
                 default:
                     sql = insert + row(user, &random)
                 }
@@ -138,11 +155,12 @@ import Testing
             // The removal looks for the newest row (it cannot see the uncommitted one) and then waits for the lock.
             var waiting = false
             for _ in 0..<100 where !waiting {
-                waiting = try await database.value(
-                    """
-                    SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM profile_metrics%'
-                    """)
+                waiting =
+                    try await database.value(
+                        """
+                        SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM profile_metrics%'
+                        """)
                     == "1"
                 if !waiting { try await Task.sleep(for: .milliseconds(50)) }
             }
@@ -183,8 +201,11 @@ import Testing
         }
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0012" }.map(\.name))
         let (history, kept, count, tie) = try await TestDatabase.blocking.runIfActive {
-            (try value(HistoryQueries.fromHistory), try value(HistoryQueries.kept), try value("SELECT count(*) FROM profile_metrics_latest"),
-             try value("SELECT bmi FROM profile_metrics_latest WHERE user_id = 7"))
+            (
+                try value(HistoryQueries.fromHistory), try value(HistoryQueries.kept),
+                try value("SELECT count(*) FROM profile_metrics_latest"),
+                try value("SELECT bmi FROM profile_metrics_latest WHERE user_id = 7")
+            )
         }
         #expect(count == "250")
         #expect(kept == history)
@@ -196,7 +217,8 @@ import Testing
     @Test func aWriteInFlightDuringTheMigrationIsKept() async throws {
         let (name, url) = try await MigrationTests.freshDatabase()
         defer { Task { await MigrationTests.drop(name) } }
-        _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0012" }))
+        _ = try await MigrationTests.migrate(
+            url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0012" }))
         let settings = try ConnectionSettings(conninfo: url, environment: [:])
         let writer = try PostgresConnection(settings: settings)
         try writer.execute(
@@ -213,8 +235,10 @@ import Testing
         let admin = FaultDatabase(url: url)
         var waiting = false
         for _ in 0..<100 where !waiting {
-            waiting = try await admin.value(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
+            waiting =
+                try await admin.value(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
                 .flatMap(Int.init) ?? 0 > 0
             if !waiting { try await Task.sleep(for: .milliseconds(50)) }
         }
@@ -223,7 +247,8 @@ import Testing
         #expect(try await migration.value == Migration.all.filter { $0.name >= "0012" }.map(\.name))
         let kept = try await TestDatabase.blocking.runIfActive {
             try PostgresConnection(settings: settings).query(
-                "SELECT string_agg(user_id || ':' || bmi, ',' ORDER BY user_id) FROM profile_metrics_latest").string(0, 0)
+                "SELECT string_agg(user_id || ':' || bmi, ',' ORDER BY user_id) FROM profile_metrics_latest"
+            ).string(0, 0)
         }
         #expect(kept == "1:23.0,2:24.0")
     }

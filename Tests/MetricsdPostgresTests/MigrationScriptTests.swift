@@ -55,8 +55,10 @@ import Testing
 
     @Test func theMarkerIsALineOfItsOwn() {
         #expect(Migration(name: "x", sql: "-- metricsd:no-transaction\nSELECT 1;").runsOutsideTransaction)
-        #expect(Migration(name: "x", sql: "-- about it\n  -- metricsd:no-transaction  \nSELECT 1;").runsOutsideTransaction)
-        #expect(!Migration(name: "x", sql: "-- runs as -- metricsd:no-transaction says\nSELECT 1;").runsOutsideTransaction)
+        #expect(
+            Migration(name: "x", sql: "-- about it\n  -- metricsd:no-transaction  \nSELECT 1;").runsOutsideTransaction)
+        #expect(
+            !Migration(name: "x", sql: "-- runs as -- metricsd:no-transaction says\nSELECT 1;").runsOutsideTransaction)
         #expect(!Migration(name: "x", sql: "SELECT 1;").runsOutsideTransaction)
         let marked = Migration.all.filter(\.runsOutsideTransaction).map(\.name)
         #expect(marked == ["0021_read_index_descending.sql"])

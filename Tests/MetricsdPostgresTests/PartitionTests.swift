@@ -2,10 +2,10 @@ import Foundation
 import HealthMetrics
 import Logging
 import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 @testable import MetricsdPostgres
-import MetricsdWork
 
 /// `profile_metrics` partitioned by month of `metrics_date`: an existing history becomes the partition of every
 /// older date without being copied, later months get partitions of their own ahead of time, a date no partition
@@ -33,37 +33,46 @@ import MetricsdWork
             FROM generate_series(1, 200) u CROSS JOIN generate_series(0, 60) d;
             """)
         let before = try await database.value(
-            "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('profile_metrics') FROM profile_metrics")
+            "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('profile_metrics') FROM profile_metrics"
+        )
         let keptBefore = try await database.value(HistoryQueries.kept)
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0013" }.map(\.name))
 
         // The same rows, in the same file (attached, not copied), as the partition of every older date: closed
         // after the newest one (today) by 0017 to 0019, which found it bound at the month after next.
         let closedAt = try #require(try await database.value("SELECT ((now() AT TIME ZONE 'UTC')::date + 1)::text"))
-        let old = try #require(try await database.value(
-            "SELECT replace(metricsd_partition_name('\(closedAt)'), 'profile_metrics_', 'profile_metrics_until_')"))
+        let old = try #require(
+            try await database.value(
+                "SELECT replace(metricsd_partition_name('\(closedAt)'), 'profile_metrics_', 'profile_metrics_until_')"))
         let (count, lastID, bmr, filenode) = try Self.four(before)
-        #expect(try await database.value(
-            "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('\(old)') FROM profile_metrics")
-            == "\(count) \(lastID) \(bmr) \(filenode)")
-        let bounds = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n").map(String.init)
+        #expect(
+            try await database.value(
+                "SELECT count(*) || ' ' || max(id) || ' ' || sum(bmr) || ' ' || pg_relation_filenode('\(old)') FROM profile_metrics"
+            )
+                == "\(count) \(lastID) \(bmr) \(filenode)")
+        let bounds = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n").map(
+            String.init)
         #expect(bounds.contains("\(old) FOR VALUES FROM (MINVALUE) TO ('\(closedAt)')"), "\(bounds)")
         #expect(bounds.contains("profile_metrics_default DEFAULT"), "\(bounds)")
-        #expect(try await database.value(
-            """
-            SELECT max(substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \\(''([0-9-]+)''\\)')::date)
-                   > (now() + interval '2 months')::date
-            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
-            """) == "t", "the partitions reach two months ahead: \(bounds)")
-        #expect(try await database.value(
-            "SELECT count(*) FROM pg_constraint WHERE conname IN ('profile_metrics_dates_before_partitions', 'profile_metrics_dates_before_bound')") == "0",
-                "the bounds' constraints, which the partition's range replaces, are gone")
+        #expect(
+            try await database.value(
+                """
+                SELECT max(substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \\(''([0-9-]+)''\\)')::date)
+                       > (now() + interval '2 months')::date
+                FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass
+                """) == "t", "the partitions reach two months ahead: \(bounds)")
+        #expect(
+            try await database.value(
+                "SELECT count(*) FROM pg_constraint WHERE conname IN ('profile_metrics_dates_before_partitions', 'profile_metrics_dates_before_bound')"
+            ) == "0",
+            "the bounds' constraints, which the partition's range replaces, are gone")
         // Its indexes are the partitioned indexes' parts, valid; nothing is left unattached.
-        #expect(try await database.value(
-            """
-            SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indexrelid
-            WHERE i.indrelid = '\(old)'::regclass AND i.indisvalid
-            """) == "2")
+        #expect(
+            try await database.value(
+                """
+                SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indexrelid
+                WHERE i.indrelid = '\(old)'::regclass AND i.indisvalid
+                """) == "2")
         #expect(try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0")
         #expect(try await database.value(HistoryQueries.kept) == keptBefore)
 
@@ -85,7 +94,8 @@ import MetricsdWork
         }
         await #expect(throws: (any Error).self, "a row of an unknown user") {
             try await database.execute(
-                "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (999, 30.0, 1700, 2500, 1, now()::date)")
+                "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (999, 30.0, 1700, 2500, 1, now()::date)"
+            )
         }
         try await database.execute("DELETE FROM users WHERE id = 2")
         #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id = 2") == "0")
@@ -111,9 +121,13 @@ import MetricsdWork
 
             // A row a year ahead has no partition: it goes into the default one.
             let far = "(date_trunc('month', now()) + interval '12 months')::date + 3"
-            let id = try #require(try await database.value(
-                "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (2, 25.0, 1600, 2100, 1, \(far)) RETURNING id"))
-            #expect(try await database.value("SELECT tableoid::regclass::text FROM profile_metrics WHERE id = \(id)") == "profile_metrics_default")
+            let id = try #require(
+                try await database.value(
+                    "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (2, 25.0, 1600, 2100, 1, \(far)) RETURNING id"
+                ))
+            #expect(
+                try await database.value("SELECT tableoid::regclass::text FROM profile_metrics WHERE id = \(id)")
+                    == "profile_metrics_default")
 
             // Four callers at once make the months up to it, each once; the row moves to its month.
             let made = try await withThrowingTaskGroup(of: Int.self) { group in
@@ -127,16 +141,21 @@ import MetricsdWork
             #expect(made.reduce(0, +) == 10, "months 3 to 12 ahead, once each: \(made)")
             #expect(made.filter { $0 > 0 }.count == 1, "one caller made them all: \(made)")
             let month = try #require(try await database.value("SELECT to_char(\(far), 'YYYY_MM')"))
-            #expect(try await database.value("SELECT tableoid::regclass::text FROM profile_metrics WHERE id = \(id)") == "profile_metrics_\(month)")
+            #expect(
+                try await database.value("SELECT tableoid::regclass::text FROM profile_metrics WHERE id = \(id)")
+                    == "profile_metrics_\(month)")
             #expect(try await database.value("SELECT count(*) FROM profile_metrics_default") == "0")
             #expect(try await database.value("SELECT metrics_id FROM profile_metrics_latest WHERE user_id = 2") == id)
             #expect(try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0")
             // Each new partition has the keys, under names that say which partition they belong to.
-            #expect(try await database.value(
-                """
-                SELECT string_agg(indexrelid::regclass::text, ',' ORDER BY indexrelid::regclass::text) FROM pg_index
-                WHERE indrelid = 'profile_metrics_\(month)'::regclass
-                """) == "profile_metrics_\(month)_date_version_user_key,profile_metrics_\(month)_pkey,profile_metrics_\(month)_user_computed_at_idx")
+            #expect(
+                try await database.value(
+                    """
+                    SELECT string_agg(indexrelid::regclass::text, ',' ORDER BY indexrelid::regclass::text) FROM pg_index
+                    WHERE indrelid = 'profile_metrics_\(month)'::regclass
+                    """)
+                    == "profile_metrics_\(month)_date_version_user_key,profile_metrics_\(month)_pkey,profile_metrics_\(month)_user_computed_at_idx"
+            )
         }
     }
 
@@ -147,16 +166,22 @@ import MetricsdWork
             try await database.seed([.valid(1)])
             // A date three months ahead, whose month has a partition of its own, as a constant (the planner prunes
             // by constants; the executor by parameters).
-            _ = try await database.value("SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '4 months')::date)")
-            let day = try #require(try await database.value("SELECT (date_trunc('month', now()) + interval '3 months')::date + 4"))
+            _ = try await database.value(
+                "SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '4 months')::date)")
+            let day = try #require(
+                try await database.value("SELECT (date_trunc('month', now()) + interval '3 months')::date + 4"))
             let next = "'\(day)'::date"
             let month = try #require(try await database.value("SELECT to_char(\(next), 'YYYY_MM')"))
             try await database.execute(
-                "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (1, 25.0, 1600, 2100, 1, \(next))")
-            #expect(try await database.value("SELECT tableoid::regclass::text FROM profile_metrics") == "profile_metrics_\(month)")
+                "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date) VALUES (1, 25.0, 1600, 2100, 1, \(next))"
+            )
+            #expect(
+                try await database.value("SELECT tableoid::regclass::text FROM profile_metrics")
+                    == "profile_metrics_\(month)")
             let plan = try await database.rows(
-                "EXPLAIN SELECT 1 FROM profile_metrics WHERE user_id = 1 AND metrics_date = \(next) AND version = 1")
-                .compactMap { $0.first ?? nil }.joined(separator: "\n")
+                "EXPLAIN SELECT 1 FROM profile_metrics WHERE user_id = 1 AND metrics_date = \(next) AND version = 1"
+            )
+            .compactMap { $0.first ?? nil }.joined(separator: "\n")
             #expect(plan.contains("profile_metrics_\(month)_"), "plan:\n\(plan)")
             #expect(!plan.contains("profile_metrics_default"), "plan:\n\(plan)")
             #expect(!plan.contains("profile_metrics_until_"), "plan:\n\(plan)")
@@ -173,7 +198,8 @@ import MetricsdWork
         try await withTestDatabase { database in
             func month(_ k: Int) -> String { "(date_trunc('month', now()) + interval '\(k) months')::date" }
             _ = try await database.value("SELECT metricsd_add_partitions(\(month(6)))")
-            try await database.execute("INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1000, 1599) g")
+            try await database.execute(
+                "INSERT INTO users (id, timezone) SELECT g, 'UTC' FROM generate_series(1000, 1599) g")
             // Months 3 and 4 ahead: 28 days of 200 users each; month 5: 28 days of 600 users (more than 128 pages).
             for (k, last) in [(3, 1199), (4, 1199), (5, 1599)] {
                 try await database.execute(
@@ -184,7 +210,11 @@ import MetricsdWork
                     """)
             }
             var name: [Int: String] = [:]
-            for k in 3...5 { name[k] = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(month(k)), 'YYYY_MM')"))) }
+            for k in 3...5 {
+                name[k] =
+                    "profile_metrics_"
+                    + (try #require(try await database.value("SELECT to_char(\(month(k)), 'YYYY_MM')")))
+            }
             let (m3, m4, m5) = (name[3]!, name[4]!, name[5]!)
             func sizes(_ table: String) async throws -> String? {
                 try await database.value(
@@ -194,16 +224,20 @@ import MetricsdWork
                     """)
             }
             // Through profile_metrics, as retention deletes (its statement triggers keep the latest table).
-            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(3)) AND metrics_date < \(month(4))")
+            try await database.execute(
+                "DELETE FROM profile_metrics WHERE metrics_date >= \(month(3)) AND metrics_date < \(month(4))")
             try await database.execute("VACUUM \(m3)")
-            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(month(5)) AND metrics_date < \(month(6))")
+            try await database.execute(
+                "DELETE FROM profile_metrics WHERE metrics_date >= \(month(5)) AND metrics_date < \(month(6))")
             #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
             let m4Before = try await sizes(m4)
             let m5Before = try #require(try await sizes(m5))
             #expect(Int(m5Before.split(separator: " ")[0]) ?? 0 > 128 * 8192, "month 5's heap: \(m5Before)")
             let emptied = try #require(try await sizes(m3))
             #expect(emptied.hasPrefix("0 "), "VACUUM cut month 3's heap down: \(emptied)")
-            #expect(emptied.split(separator: " ").dropFirst().allSatisfy { (Int($0) ?? 0) > 8192 }, "its indexes keep their pages: \(emptied)")
+            #expect(
+                emptied.split(separator: " ").dropFirst().allSatisfy { (Int($0) ?? 0) > 8192 },
+                "its indexes keep their pages: \(emptied)")
 
             // Not over by the date given: left.
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(4)) - 1)") == "0")
@@ -221,7 +255,9 @@ import MetricsdWork
             try await database.execute("VACUUM \(m5)")
             #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "1")
             #expect(try await sizes(m5) == "0 8192 8192 8192")
-            #expect(try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0", "nothing left to give back")
+            #expect(
+                try await database.value("SELECT metricsd_truncate_empty_partitions(\(month(6)))") == "0",
+                "nothing left to give back")
             #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
         }
     }
@@ -233,23 +269,29 @@ import MetricsdWork
             try await database.seed([.valid(1)])
             let queue = WorkQueue(pool: database.pool, formula: .current, owner: "w1", logger: database.logger)
             let first = "(date_trunc('month', now()) + interval '3 months')::date"
-            _ = try await database.value("SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '5 months')::date)")
-            let name = "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(first), 'YYYY_MM')")))
+            _ = try await database.value(
+                "SELECT metricsd_add_partitions((date_trunc('month', now()) + interval '5 months')::date)")
+            let name =
+                "profile_metrics_" + (try #require(try await database.value("SELECT to_char(\(first), 'YYYY_MM')")))
             try await database.execute(
                 """
                 INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
                 SELECT 1, 25.0, 1600, 2100, 1, \(first) + d, now() - interval '1 day' FROM generate_series(0, 27) d
                 """)
-            try await database.execute("DELETE FROM profile_metrics WHERE metrics_date >= \(first) AND metrics_date < \(first) + 28")
+            try await database.execute(
+                "DELETE FROM profile_metrics WHERE metrics_date >= \(first) AND metrics_date < \(first) + 28")
             try await database.execute("VACUUM \(name)")
             // The month ends on the first of the month after; 10 days of retention, and the clock on that first, 10 or
             // 12 days after it.
             let end = try #require(try await database.value("SELECT (\(first) + interval '1 month')::date"))
             let endNoon = try #require(Timestamp(iso8601: "\(end)T12:00:00Z")).millisecondsSinceEpoch
             func clock(_ days: Int64) -> Timestamp { Timestamp(millisecondsSinceEpoch: endNoon + days * 86_400_000) }
-            #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(10)) == 0, "the cutoff's date less a day is before the month's end")
+            #expect(
+                try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(10)) == 0,
+                "the cutoff's date less a day is before the month's end")
             #expect(try await queue.truncateEmptiedPartitions(retentionDays: 10, now: clock(12)) == 1)
-            #expect(try await database.value("SELECT pg_relation_size('\(name)') + pg_indexes_size('\(name)')") == "24576")
+            #expect(
+                try await database.value("SELECT pg_relation_size('\(name)') + pg_indexes_size('\(name)')") == "24576")
         }
     }
 

@@ -1,11 +1,12 @@
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
-@testable import MetricsdPostgres
+import MetricsdTestSupport
 import NIOCore
 import NIOPosix
 import Testing
+
+@testable import MetricsdPostgres
 
 /// The libpq adapter, the pool and the migrator against the real server.
 @Suite struct PostgresTests {
@@ -24,7 +25,9 @@ import Testing
     @Test func parametersAreNeverSQL() async throws {
         try await withTestDatabase { database in
             let hostile = "1'); DROP TABLE users; --"
-            let value = try await database.pool.withConnection { try $0.query("SELECT $1::text", [hostile]).string(0, 0) }
+            let value = try await database.pool.withConnection {
+                try $0.query("SELECT $1::text", [hostile]).string(0, 0)
+            }
             #expect(value == hostile)
             #expect(try await database.value("SELECT to_regclass('users') IS NOT NULL") == "t")
             let error = await #expect(throws: PostgresError.self) {
@@ -70,15 +73,20 @@ import Testing
 
     @Test func malformedConnectionStringIsRefusedUpFront() {
         #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host='unterminated", environment: [:]) }
-        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "host=db sslmode=sometimes", environment: [:]) }
-        #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "postgresql://x:notaport/db", environment: [:]) }
+        #expect(throws: PostgresError.self) {
+            try ConnectionSettings(conninfo: "host=db sslmode=sometimes", environment: [:])
+        }
+        #expect(throws: PostgresError.self) {
+            try ConnectionSettings(conninfo: "postgresql://x:notaport/db", environment: [:])
+        }
         #expect(throws: PostgresError.self) { try ConnectionSettings(conninfo: "bogus_option=1", environment: [:]) }
         #expect((try? ConnectionSettings(conninfo: "", environment: [:])) != nil)
         #expect((try? ConnectionSettings(conninfo: "host=/tmp dbname=x sslmode=disable", environment: [:])) != nil)
     }
 
     @Test func operatorSettingsWinOverMetricsdDefaults() throws {
-        let settings = try ConnectionSettings(conninfo: "postgresql://h/db?connect_timeout=9", environment: ["PGAPPNAME": "x"])
+        let settings = try ConnectionSettings(
+            conninfo: "postgresql://h/db?connect_timeout=9", environment: ["PGAPPNAME": "x"])
         #expect(settings.conninfo == "postgresql://h/db?connect_timeout=9")
     }
 
@@ -88,7 +96,9 @@ import Testing
         try await withTestDatabase { database in
             let jit: @Sendable (ConnectionSettings) throws -> (String?, Bool, Bool) = { settings in
                 let connection = try PostgresConnection(settings: settings)
-                return (try connection.query("SHOW jit").string(0, 0), connection.isPooled, connection.usesNamedStatements)
+                return (
+                    try connection.query("SHOW jit").string(0, 0), connection.isPooled, connection.usesNamedStatements
+                )
             }
             let plain = try ConnectionSettings(conninfo: database.url, environment: [:])
             #expect(!plain.parameters.contains { $0.0 == "options" })
@@ -96,7 +106,8 @@ import Testing
             let direct = try await TestDatabase.blocking.runIfActive { try jit(plain) }
             #expect(direct.1 == false && direct.2 == true)
             let separator = database.url.contains("?") ? "&" : "?"
-            let own = try ConnectionSettings(conninfo: database.url + separator + "options=-c%20jit%3Doff", environment: [:])
+            let own = try ConnectionSettings(
+                conninfo: database.url + separator + "options=-c%20jit%3Doff", environment: [:])
             #expect(own.setsStartupOptions(environment: [:]))
             #expect(try await TestDatabase.blocking.runIfActive { try jit(own) }.0 == "off")
             let unnamed = {
@@ -111,9 +122,18 @@ import Testing
     /// What `/readyz` says about a database problem names no host, port or socket path.
     @Test(arguments: [
         ("connection to server at \"10.1.2.3\", port 5432 failed: Connection refused", "connection refused"),
-        ("connection to server on socket \"/var/run/postgresql/.s.PGSQL.5432\" failed: No such file or directory", "no server at the socket"),
-        ("connection to server at \"db.internal\" (10.0.0.7), port 5432 failed: FATAL:  sorry, too many clients already", "too many connections"),
-        ("connection to server at \"db\", port 5432 failed: FATAL:  password authentication failed for user \"metricsd\"", "authentication failed"),
+        (
+            "connection to server on socket \"/var/run/postgresql/.s.PGSQL.5432\" failed: No such file or directory",
+            "no server at the socket"
+        ),
+        (
+            "connection to server at \"db.internal\" (10.0.0.7), port 5432 failed: FATAL:  sorry, too many clients already",
+            "too many connections"
+        ),
+        (
+            "connection to server at \"db\", port 5432 failed: FATAL:  password authentication failed for user \"metricsd\"",
+            "authentication failed"
+        ),
         ("could not translate host name \"db.internal\" to address: Name or service not known", "host name not found"),
         ("something else entirely at /etc/secret/path", "connection failed"),
     ])
@@ -137,7 +157,9 @@ import Testing
         let busy = await DaemonProcess.eventually(timeout: .seconds(10)) { pool.usage.inUse == 1 }
         try #require(busy)
         let started = ContinuousClock.now
-        let error = await #expect(throws: PostgresError.self) { try await pool.withConnection { try $0.query("SELECT 1") } }
+        let error = await #expect(throws: PostgresError.self) {
+            try await pool.withConnection { try $0.query("SELECT 1") }
+        }
         #expect(error?.code == .poolTimeout)
         #expect(ContinuousClock.now - started < .milliseconds(2500))
         try await slow
@@ -183,7 +205,9 @@ import Testing
         #expect(try await Self.migrate(url) == Migration.all.map(\.name))
         #expect(try await Self.migrate(url) == [])
         let settings = try ConnectionSettings(conninfo: url, environment: [:])
-        let status = try await TestDatabase.blocking.runIfActive { try Migrator().status(on: try PostgresConnection(settings: settings)) }
+        let status = try await TestDatabase.blocking.runIfActive {
+            try Migrator().status(on: try PostgresConnection(settings: settings))
+        }
         #expect(status.isCurrent)
         #expect(status.latestApplied == Migration.all.last?.name)
     }
@@ -205,7 +229,9 @@ import Testing
         _ = try await Self.migrate(url)
         var edited = Migration.all
         edited[1] = Migration(name: edited[1].name, sql: edited[1].sql + "\n-- edited\n")
-        let error = await #expect(throws: MigrationError.self) { try await Self.migrate(url, migrator: Migrator(migrations: edited)) }
+        let error = await #expect(throws: MigrationError.self) {
+            try await Self.migrate(url, migrator: Migrator(migrations: edited))
+        }
         #expect(error?.kind == .changed)
         #expect(error?.errorCode == "migration.changed")
         #expect(error?.message.contains(edited[1].name) == true)
@@ -222,7 +248,8 @@ import Testing
             try await TestDatabase.blocking.runIfActive {
                 let connection = try PostgresConnection(settings: settings)
                 for (migration, checksum) in checksums {
-                    _ = try connection.query("UPDATE metricsd_migrations SET checksum = $2 WHERE name = $1", [migration, checksum])
+                    _ = try connection.query(
+                        "UPDATE metricsd_migrations SET checksum = $2 WHERE name = $1", [migration, checksum])
                 }
             }
         }
@@ -240,14 +267,17 @@ import Testing
         for table in ["CREATE TABLE users (", "CREATE TABLE user_settings (", "CREATE TABLE profile_metrics ("] {
             #expect(first.sql.contains(table))
         }
-        #expect(first.sql.contains("CREATE INDEX profile_metrics_user_computed_at_idx ON profile_metrics (user_id, computed_at DESC);"))
+        #expect(
+            first.sql.contains(
+                "CREATE INDEX profile_metrics_user_computed_at_idx ON profile_metrics (user_id, computed_at DESC);"))
     }
 
     /// The binary carries `migrations/` (embedded at build time by the EmbedResources plugin); they must not drift apart.
     @Test func embeddedMigrationsMatchTheFiles() throws {
         let directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("migrations")
-        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".sql") }.sorted()
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".sql") }
+            .sorted()
         #expect(files == Migration.all.map(\.name), "the EmbedResources plugin embeds every file of migrations/")
         for migration in Migration.all {
             let text = try String(contentsOf: directory.appendingPathComponent(migration.name), encoding: .utf8)

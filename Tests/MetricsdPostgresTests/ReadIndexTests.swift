@@ -17,7 +17,8 @@ import Testing
     /// and the default partition.
     static func databaseBeforeTheMigration() async throws -> (name: String, url: String) {
         let (name, url) = try await MigrationTests.freshDatabase()
-        _ = try await MigrationTests.migrate(url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0021" }))
+        _ = try await MigrationTests.migrate(
+            url, migrator: Migrator(migrations: Migration.all.filter { $0.name < "0021" }))
         try await FaultDatabase(url: url).execute(
             HistoryQueries.seed(users: 400)
                 + """
@@ -51,13 +52,16 @@ import Testing
            WHERE i.inhparent = 'profile_metrics'::regclass AND (SELECT count(*) FROM pg_index x WHERE x.indrelid = c.oid) <> 3))
         """
 
-    static func expectDescendingEverywhere(_ url: String, _ context: String, sourceLocation: SourceLocation = #_sourceLocation)
+    static func expectDescendingEverywhere(
+        _ url: String, _ context: String, sourceLocation: SourceLocation = #_sourceLocation
+    )
         async throws
     {
         let database = FaultDatabase(url: url)
         #expect(try await database.value(Self.problems) == "", "\(context)", sourceLocation: sourceLocation)
         let kept = try await database.value(HistoryQueries.kept)
-        #expect(try await database.value(HistoryQueries.fromHistory) == kept, "\(context)", sourceLocation: sourceLocation)
+        #expect(
+            try await database.value(HistoryQueries.fromHistory) == kept, "\(context)", sourceLocation: sourceLocation)
     }
 
     /// The migration on an existing history: every partition's part built and attached, the ascending index gone,
@@ -68,12 +72,14 @@ import Testing
         defer { Task { await MigrationTests.drop(name) } }
         let database = FaultDatabase(url: url)
         let before = try await database.value("SELECT count(*) || ':' || sum(id) FROM profile_metrics")
-        let partitions = try await database.int("SELECT count(*) FROM pg_inherits WHERE inhparent = 'profile_metrics'::regclass")
+        let partitions = try await database.int(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'profile_metrics'::regclass")
         #expect(partitions >= 6, "the until partition, the default one and monthly ones")
         #expect(try await MigrationTests.migrate(url) == Migration.all.filter { $0.name >= "0021" }.map(\.name))
         try await Self.expectDescendingEverywhere(url, "after the migration")
         #expect(try await database.value("SELECT count(*) || ':' || sum(id) FROM profile_metrics") == before)
-        #expect(try await database.int("SELECT metricsd_add_partitions((current_date + interval '9 months')::date)") >= 1)
+        #expect(
+            try await database.int("SELECT metricsd_add_partitions((current_date + interval '9 months')::date)") >= 1)
         try await Self.expectDescendingEverywhere(url, "after months were added")
         #expect(try await MigrationTests.migrate(url) == [])
     }
@@ -105,7 +111,8 @@ import Testing
         let build = Task {
             try await TestDatabase.blocking.runIfActive {
                 try PostgresConnection(settings: settings).execute(
-                    "CREATE INDEX CONCURRENTLY \(partition)_user_computed_at_desc_idx ON \(partition) (user_id, computed_at DESC)")
+                    "CREATE INDEX CONCURRENTLY \(partition)_user_computed_at_desc_idx ON \(partition) (user_id, computed_at DESC)"
+                )
             }
         }
         let waiting = await DaemonProcess.eventually(timeout: .seconds(20)) {
@@ -119,8 +126,10 @@ import Testing
         #expect(waiting)
         await #expect(throws: PostgresError.self) { try await build.value }
         try writer.execute("COMMIT")
-        #expect(try await database.value(
-            "SELECT indisvalid::text FROM pg_index WHERE indexrelid = '\(partition)_user_computed_at_desc_idx'::regclass") == "false")
+        #expect(
+            try await database.value(
+                "SELECT indisvalid::text FROM pg_index WHERE indexrelid = '\(partition)_user_computed_at_desc_idx'::regclass"
+            ) == "false")
         #expect(try await MigrationTests.migrate(url) == [Self.migration])
         try await Self.expectDescendingEverywhere(url, "after the invalid part")
     }

@@ -39,14 +39,20 @@ import Testing
                 #expect(!plan.contains("Seq Scan on profile_metrics"), "\(what):\n\(plan)")
                 #expect(!plan.contains("date_version_user_key"), "\(what):\n\(plan)")
                 if days == 90 {
-                    let partitions = plan.split(separator: "\n").filter { $0.contains("Index Scan") && $0.contains("_user_computed_at_idx") }.count
+                    let partitions = plan.split(separator: "\n").filter {
+                        $0.contains("Index Scan") && $0.contains("_user_computed_at_idx")
+                    }.count
                     #expect(partitions <= 5, "a 90-day range reads \(partitions) partitions:\n\(plan)")
                 }
             }
             let analysed = try await database.rows(
-                "EXPLAIN (ANALYZE, BUFFERS) " + SQL.historyRange.replacingOccurrences(of: "$1", with: "1234")
-                    .replacingOccurrences(of: "$2", with: "1").replacingOccurrences(of: "$3::date", with: "('\(today)'::date - 729)")
-                    .replacingOccurrences(of: "$4::date", with: "'\(today)'::date").replacingOccurrences(of: "$5", with: "732"))
+                "EXPLAIN (ANALYZE, BUFFERS) "
+                    + SQL.historyRange.replacingOccurrences(of: "$1", with: "1234")
+                    .replacingOccurrences(of: "$2", with: "1").replacingOccurrences(
+                        of: "$3::date", with: "('\(today)'::date - 729)"
+                    )
+                    .replacingOccurrences(of: "$4::date", with: "'\(today)'::date").replacingOccurrences(
+                        of: "$5", with: "732"))
             let text = analysed.compactMap { $0.first ?? nil }.joined(separator: "\n")
             #expect(text.contains("rows=146 loops=1"), "the user's 146 rows of the 730 days, and no others:\n\(text)")
         }
@@ -76,12 +82,19 @@ import Testing
             #expect(dates.count == 146, "rows every fifth day in 730 days")
             #expect(dates == dates.sorted() && Set(dates).count == dates.count)
             let tooLong = HistoryQuery(from: today.adding(days: -731), to: nil, version: 1, resumeAt: nil, limit: 10)
-            #expect(try await store.history(userID: 77, query: tooLong) == .badRange(from: today.adding(days: -731)!, to: today))
+            #expect(
+                try await store.history(userID: 77, query: tooLong)
+                    == .badRange(from: today.adding(days: -731)!, to: today))
             let outside = HistoryQuery(from: from, to: nil, version: 1, resumeAt: today.adding(days: 1), limit: 10)
             #expect(try await store.history(userID: 77, query: outside) == .cursorOutsideRange(today.adding(days: 1)!))
             #expect(try await store.history(userID: 9_999, query: tooLong) == .unknownUser)
-            guard case .page(let none) = try await store.history(userID: 77, query: .init(from: nil, to: nil, version: 1, resumeAt: nil, limit: 10))
-            else { Issue.record("no page"); return }
+            guard
+                case .page(let none) = try await store.history(
+                    userID: 77, query: .init(from: nil, to: nil, version: 1, resumeAt: nil, limit: 10))
+            else {
+                Issue.record("no page")
+                return
+            }
             #expect(none.entries.count == 10 && none.from == today.adding(days: -89))
         }
     }

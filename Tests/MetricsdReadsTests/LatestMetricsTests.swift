@@ -1,13 +1,13 @@
-@testable import MetricsdWork
-@testable import MetricsdReads
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
+import MetricsdTestSupport
 import Synchronization
 import Testing
 
 @testable import MetricsdPostgres
+@testable import MetricsdReads
+@testable import MetricsdWork
 
 /// The read path that replaces `computed_at::date = CURRENT_DATE`.
 @Suite struct LatestMetricsTests {
@@ -48,14 +48,19 @@ import Testing
             #expect(Int(try await database.value("SELECT count(*) FROM profile_metrics") ?? "0")! >= 100_000)
             #expect(try await database.value("SELECT count(*) FROM profile_metrics_latest") == "5000")
             func expectOneProbe(_ plan: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
-                #expect(plan.contains("Index Scan using profile_metrics_latest_pkey on profile_metrics_latest"),
-                        "\(what):\n\(plan)", sourceLocation: sourceLocation)
-                #expect(!plan.contains("Seq Scan on profile_metrics"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
-                #expect(!plan.contains("on profile_metrics "), "the history is not read; \(what):\n\(plan)",
-                        sourceLocation: sourceLocation)
+                #expect(
+                    plan.contains("Index Scan using profile_metrics_latest_pkey on profile_metrics_latest"),
+                    "\(what):\n\(plan)", sourceLocation: sourceLocation)
+                #expect(
+                    !plan.contains("Seq Scan on profile_metrics"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
+                #expect(
+                    !plan.contains("on profile_metrics "), "the history is not read; \(what):\n\(plan)",
+                    sourceLocation: sourceLocation)
             }
-            let plan = try await database.rows("EXPLAIN " + SQL.latestMetrics.replacingOccurrences(of: "$1", with: "4242"))
-                .map { $0.first.flatMap { $0 } ?? "" }.joined(separator: "\n")
+            let plan = try await database.rows(
+                "EXPLAIN " + SQL.latestMetrics.replacingOccurrences(of: "$1", with: "4242")
+            )
+            .map { $0.first.flatMap { $0 } ?? "" }.joined(separator: "\n")
             expectOneProbe(plan, "plan")
             // The same through a prepared statement (generic plan) as the daemon runs it.
             let generic = try await database.pool.withConnection { connection in
@@ -154,10 +159,18 @@ import Testing
                         let userID = Int64(index % 100 + 1)
                         batcher.load(userID: userID) { result in
                             switch result {
-                            case .success(let latest): answers.withLock { $0[userID, default: []].append(latest.map { Int64($0.metrics.bmr) }) }
+                            case .success(let latest):
+                                answers.withLock {
+                                    $0[userID, default: []].append(latest.map { Int64($0.metrics.bmr) })
+                                }
                             case .failure(let error): failures.withLock { $0.append("user \(userID): \(error)") }
                             }
-                            if left.withLock({ $0 -= 1; return $0 }) == 0 { done.resume() }
+                            if left.withLock({
+                                $0 -= 1
+                                return $0
+                            }) == 0 {
+                                done.resume()
+                            }
                         }
                     }
                 }
@@ -165,7 +178,8 @@ import Testing
             }
             #expect(failures.withLock { $0 } == [])
             let atTermination = answeredAtTermination.withLock { $0 }
-            #expect(atTermination > 0 && atTermination < count, "the backend was terminated after \(atTermination) answers")
+            #expect(
+                atTermination > 0 && atTermination < count, "the backend was terminated after \(atTermination) answers")
             let all = answers.withLock { $0 }
             #expect(all.values.map(\.count).reduce(0, +) == count)
             for (userID, bmrs) in all {
@@ -202,10 +216,12 @@ import Testing
             let store = PostgresStore(pool: database.pool, formula: .current, logger: database.logger)
             try await store.serving {
                 let outcome = try await store.computeNow(userID: 9)
-                #expect(outcome == .skipped([
-                    SkipReason(.unknownGender, "gender 'robot' is not one of male, female, other"),
-                    SkipReason(.outOfRange, "height 72 cm is outside 100–250 cm"),
-                ]))
+                #expect(
+                    outcome
+                        == .skipped([
+                            SkipReason(.unknownGender, "gender 'robot' is not one of male, female, other"),
+                            SkipReason(.outOfRange, "height 72 cm is outside 100–250 cm"),
+                        ]))
                 #expect(try await database.value("SELECT source FROM metrics_skips WHERE user_id = 9") == "request")
                 #expect(try await store.computeNow(userID: 10) == .unknownUser)
             }

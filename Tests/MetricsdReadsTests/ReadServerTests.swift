@@ -1,23 +1,29 @@
-@testable import MetricsdReads
 import MetricsdMasking
-@testable import MetricsdPostgres
 import Testing
+
+@testable import MetricsdPostgres
+@testable import MetricsdReads
 
 /// `METRICSD_READ_DATABASE_URL` taken apart into one server per host, and the replay-lag arithmetic (``WALHistory``)
 /// on instants the test chooses.
 @Suite struct ReadServerTests {
     static func servers(_ conninfo: String) throws -> [ConnectionSettings.ReadServer] {
-        try ConnectionSettings(conninfo: conninfo, environment: [:], setting: "METRICSD_READ_DATABASE_URL").readServers()
+        try ConnectionSettings(conninfo: conninfo, environment: [:], setting: "METRICSD_READ_DATABASE_URL")
+            .readServers()
     }
 
     @Test func aMultiHostURLBecomesOneServerPerHost() throws {
         let servers = try Self.servers(
-            "postgresql://metricsd@db2:5433,db3/metricsd?sslmode=verify-full&target_session_attrs=standby&connect_timeout=2")
+            "postgresql://metricsd@db2:5433,db3/metricsd?sslmode=verify-full&target_session_attrs=standby&connect_timeout=2"
+        )
         #expect(servers.map(\.label) == ["db2:5433", "db3:5432"])
         #expect(servers.allSatisfy { $0.settings.acceptsReadOnly })
         #expect(servers.allSatisfy { $0.settings.setting == "METRICSD_READ_DATABASE_URL" })
         let first = servers[0].settings.conninfo
-        for part in ["host='db2'", "port='5433'", "dbname='metricsd'", "user='metricsd'", "sslmode='verify-full'", "connect_timeout='2'"] {
+        for part in [
+            "host='db2'", "port='5433'", "dbname='metricsd'", "user='metricsd'", "sslmode='verify-full'",
+            "connect_timeout='2'",
+        ] {
             #expect(first.contains(part), "\(first)")
         }
         // libpq would check target_session_attrs=standby only when connecting: metricsd checks the role at every
@@ -31,12 +37,19 @@ import Testing
     }
 
     @Test func whichTargetSessionAttributesAskForStandbysOnly() throws {
-        for (value, standbysOnly) in [("standby", true), ("prefer-standby", true), ("any", false), ("read-only", false)] {
+        for (value, standbysOnly) in [
+            ("standby", true), ("prefer-standby", true), ("any", false), ("read-only", false),
+        ] {
             let servers = try Self.servers("host=a,b dbname=m target_session_attrs=\(value)")
             #expect(servers.allSatisfy { $0.standbysOnly == standbysOnly }, "\(value)")
-            #expect(servers.allSatisfy { $0.settings.conninfo.contains("target_session_attrs") != standbysOnly }, "\(value)")
+            #expect(
+                servers.allSatisfy { $0.settings.conninfo.contains("target_session_attrs") != standbysOnly }, "\(value)"
+            )
         }
-        #expect(try Self.servers("host=a dbname=m").allSatisfy { !$0.standbysOnly && $0.settings.connectTimeoutSeconds == 5 })
+        #expect(
+            try Self.servers("host=a dbname=m").allSatisfy {
+                !$0.standbysOnly && $0.settings.connectTimeoutSeconds == 5
+            })
         // libpq waits at least 2 s per host, and 0 means no limit.
         #expect(try Self.servers("host=a dbname=m connect_timeout=1").first?.settings.connectTimeoutSeconds == 2)
         #expect(try Self.servers("host=a dbname=m connect_timeout=0").first?.settings.connectTimeoutSeconds == nil)
@@ -48,39 +61,57 @@ import Testing
 
     @Test func aStandbyFollowsThePrimaryOnItsSystemAndTimeline() {
         let standby = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 2, startedAt: "1767225000.5")
-        #expect(ReadReplicas.mismatch(observed: standby, inRecovery: true, standbysOnly: true, primary: Self.primary) == nil)
+        #expect(
+            ReadReplicas.mismatch(observed: standby, inRecovery: true, standbysOnly: true, primary: Self.primary) == nil
+        )
         let other = ReadReplicas.Identity(systemIdentifier: "9999", timeline: 2, startedAt: "1767225000.5")
-        #expect(ReadReplicas.mismatch(observed: other, inRecovery: true, standbysOnly: false, primary: Self.primary)?.problem == .otherCluster)
+        #expect(
+            ReadReplicas.mismatch(observed: other, inRecovery: true, standbysOnly: false, primary: Self.primary)?
+                .problem == .otherCluster)
         let behind = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 1, startedAt: "1767225000.5")
-        let mismatch = ReadReplicas.mismatch(observed: behind, inRecovery: true, standbysOnly: false, primary: Self.primary)
+        let mismatch = ReadReplicas.mismatch(
+            observed: behind, inRecovery: true, standbysOnly: false, primary: Self.primary)
         #expect(mismatch?.problem == .otherTimeline)
-        #expect(mismatch?.detail == "a standby on timeline 1, the primary on timeline 2: it does not follow the primary")
+        #expect(
+            mismatch?.detail == "a standby on timeline 1, the primary on timeline 2: it does not follow the primary")
         // The primary not known yet: nothing to compare with (and no server can be shown fresh either).
         #expect(ReadReplicas.mismatch(observed: other, inRecovery: true, standbysOnly: false, primary: nil) == nil)
     }
 
     @Test func aServerNotInRecoveryIsReadFromOnlyWhenItIsThePrimaryItself() {
-        #expect(ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: false, primary: Self.primary) == nil)
         #expect(
-            ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: true, primary: Self.primary)?.problem
+            ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: false, primary: Self.primary)
+                == nil)
+        #expect(
+            ReadReplicas.mismatch(observed: Self.primary, inRecovery: false, standbysOnly: true, primary: Self.primary)?
+                .problem
                 == .primaryNotWanted)
         // Promoted apart from the primary onto the same timeline: only its start time tells it from the primary.
         let twin = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 2, startedAt: "1767225000.5")
-        #expect(ReadReplicas.mismatch(observed: twin, inRecovery: false, standbysOnly: false, primary: Self.primary)?.problem == .otherPrimary)
+        #expect(
+            ReadReplicas.mismatch(observed: twin, inRecovery: false, standbysOnly: false, primary: Self.primary)?
+                .problem == .otherPrimary)
         let old = ReadReplicas.Identity(systemIdentifier: "7301", timeline: 1, startedAt: "1767225600.123456")
-        #expect(ReadReplicas.mismatch(observed: old, inRecovery: false, standbysOnly: true, primary: Self.primary)?.problem == .otherPrimary)
+        #expect(
+            ReadReplicas.mismatch(observed: old, inRecovery: false, standbysOnly: true, primary: Self.primary)?.problem
+                == .otherPrimary)
     }
 
     @Test func oneHostOnePortAndKeywordStrings() throws {
-        #expect(try Self.servers("host=/var/run/postgresql dbname=metricsd").map(\.label) == ["/var/run/postgresql:5432"])
-        #expect(try Self.servers("hostaddr=10.0.0.2,10.0.0.3 port=6432 dbname=m").map(\.label) == ["10.0.0.2:6432", "10.0.0.3:6432"])
+        #expect(
+            try Self.servers("host=/var/run/postgresql dbname=metricsd").map(\.label) == ["/var/run/postgresql:5432"])
+        #expect(
+            try Self.servers("hostaddr=10.0.0.2,10.0.0.3 port=6432 dbname=m").map(\.label) == [
+                "10.0.0.2:6432", "10.0.0.3:6432",
+            ])
         #expect(try Self.servers("dbname=metricsd").map(\.label) == ["default host:5432"])
     }
 
     @Test func valuesAreQuotedBackExactly() throws {
         let servers = try Self.servers(#"host=a,b dbname='my db' password='it\'s a \\ secret'"#)
         #expect(servers.count == 2)
-        #expect(servers[0].settings.conninfo.contains(#"password='it\'s a \\ secret'"#), "\(servers[0].settings.conninfo)")
+        #expect(
+            servers[0].settings.conninfo.contains(#"password='it\'s a \\ secret'"#), "\(servers[0].settings.conninfo)")
         #expect(servers[0].settings.conninfo.contains("dbname='my db'"))
         // The password is masked in every error the server's connection makes.
         #expect(servers[0].settings.mask.apply("password it's a \\ secret") == "password ***")

@@ -49,14 +49,16 @@ import Testing
             function: "run()",
             line: 42
         )
-        #expect(fields.map { $0.name } == [
-            "MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "CODE_FILE", "CODE_LINE", "CODE_FUNC", "CODE_MODULE",
-            "HB_REQUEST_ID", "USERS_COMPUTED", "ZONE",
-        ])
-        #expect(fields.map { $0.value } == [
-            "Daily unit done", "4", "metricsd", "MetricsdApp/DailyScheduler.swift", "42", "run()", "MetricsdApp",
-            "7f", "412", "Asia/Kathmandu",
-        ])
+        #expect(
+            fields.map { $0.name } == [
+                "MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "CODE_FILE", "CODE_LINE", "CODE_FUNC", "CODE_MODULE",
+                "HB_REQUEST_ID", "USERS_COMPUTED", "ZONE",
+            ])
+        #expect(
+            fields.map { $0.value } == [
+                "Daily unit done", "4", "metricsd", "MetricsdApp/DailyScheduler.swift", "42", "run()", "MetricsdApp",
+                "7f", "412", "Asia/Kathmandu",
+            ])
     }
 
     @Test func everyFieldNameIsValidForTheJournal() {
@@ -66,7 +68,10 @@ import Testing
         )
         for field in fields {
             #expect(!field.name.isEmpty && field.name.count <= 64)
-            #expect(field.name.unicodeScalars.allSatisfy { ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "_" })
+            #expect(
+                field.name.unicodeScalars.allSatisfy {
+                    ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "_"
+                })
             #expect(!field.name.hasPrefix("_") && !field.name.first!.isNumber)
         }
         #expect(!fields.contains { $0.name == "CODE_MODULE" })
@@ -77,7 +82,9 @@ import Testing
         let fields = JournalFields.make(
             level: .error,
             message: "Rejected token \(jwt) from client",
-            metadata: ["metricsd.admin.token": "s3cr3t-admin", "hb.request.header": "Bearer abc.def", "metricsd.user.id": "7"],
+            metadata: [
+                "metricsd.admin.token": "s3cr3t-admin", "hb.request.header": "Bearer abc.def", "metricsd.user.id": "7",
+            ],
             source: "App", file: "f", function: "g", line: 1
         )
         let text = fields.map { "\($0.name)=\($0.value)" }.joined(separator: "\n")

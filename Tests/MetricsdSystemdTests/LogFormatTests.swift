@@ -76,7 +76,10 @@ import Testing
             var message: String
         }
         let line = try JSONDecoder().decode(Line.self, from: Data(JSONLines.format(Self.record).utf8))
-        #expect(line == Line(time: "2025-10-29T14:30:45.123Z", level: "warning", label: "metricsd", message: "Daily unit done"))
+        #expect(
+            line
+                == Line(
+                    time: "2025-10-29T14:30:45.123Z", level: "warning", label: "metricsd", message: "Daily unit done"))
     }
 
     @Test(arguments: [

@@ -10,7 +10,8 @@ import Testing
 
     @Test(arguments: [
         "metricsd.jwt.secret", "admin_token", "Authorization", "hb.request.header.authorization", "DB_PASSWORD",
-        "metricsd.credential", "metricsd.jwt", "refreshToken", "Set-Cookie", "metricsd.jwt.value", "metricsd.token.algorithm_secret",
+        "metricsd.credential", "metricsd.jwt", "refreshToken", "Set-Cookie", "metricsd.jwt.value",
+        "metricsd.token.algorithm_secret",
     ])
     func sensitiveKeysAreRedacted(key: String) {
         #expect(LogRedaction.isSensitiveKey(key))
@@ -33,11 +34,19 @@ import Testing
         ("url?access_token=\(Self.jwt)&x=1", "url?access_token=***&x=1"),
         ("see \(Self.jwt)&x=1", "see [redacted-jwt]&x=1"),
         // Connection strings: the rule libpq's messages get where they are made, here as a backstop.
-        ("waiting: \"postgresql://metricsd:Pw%zz@db:5432/metricsd\"", "waiting: \"postgresql://metricsd:***@db:5432/metricsd\""),
+        (
+            "waiting: \"postgresql://metricsd:Pw%zz@db:5432/metricsd\"",
+            "waiting: \"postgresql://metricsd:***@db:5432/metricsd\""
+        ),
         ("host=db password=s3cret dbname=m", "host=db password=*** dbname=m"),
-        ("PGPASSWORD='a b' METRICSD_JWT_SECRET=xyz METRICSD_JWT_SECRET_FILE=/etc/credstore/x",
-         "PGPASSWORD='***' METRICSD_JWT_SECRET=*** METRICSD_JWT_SECRET_FILE=/etc/credstore/x"),
-        ("postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write", "postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write"),
+        (
+            "PGPASSWORD='a b' METRICSD_JWT_SECRET=xyz METRICSD_JWT_SECRET_FILE=/etc/credstore/x",
+            "PGPASSWORD='***' METRICSD_JWT_SECRET=*** METRICSD_JWT_SECRET_FILE=/etc/credstore/x"
+        ),
+        (
+            "postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write",
+            "postgresql://metricsd@db1,db2/metricsd?target_session_attrs=read-write"
+        ),
         ("unsigned eyJhbGciOiJub25lIn0.eyJzdWIiOiI0MiJ9. end", "unsigned [redacted-jwt] end"),
         ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer [redacted]"),
         ("authorization: bearer  \(Self.jwt)", "authorization: bearer  [redacted]"),
@@ -78,20 +87,28 @@ import Testing
 
     /// The same reasons beside a secret: the secret goes, the reason stays.
     @Test func aReasonBesideASecretKeepsTheReason() {
-        let text = #"FATAL:  password authentication failed for user "m" (postgresql://m:Pw-123456@db/m, host=db password=Kw-654321 port=5432)"#
+        let text =
+            #"FATAL:  password authentication failed for user "m" (postgresql://m:Pw-123456@db/m, host=db password=Kw-654321 port=5432)"#
         #expect(
             LogRedaction.scrub(text)
-                == #"FATAL:  password authentication failed for user "m" (postgresql://m:***@db/m, host=db password=*** port=5432)"#)
+                == #"FATAL:  password authentication failed for user "m" (postgresql://m:***@db/m, host=db password=*** port=5432)"#
+        )
     }
 
     @Test func nestedValuesAreRedactedToo() {
         let metadata: Logger.Metadata = [
-            "request": ["headers": ["authorization": "Bearer abc", "accept": "application/json"], "body": .array(["\(Self.jwt)"])],
+            "request": [
+                "headers": ["authorization": "Bearer abc", "accept": "application/json"],
+                "body": .array(["\(Self.jwt)"]),
+            ],
             "error.message": .stringConvertible("invalid JWT \(Self.jwt)"),
         ]
         let redacted = LogRedaction.redact(metadata)
         #expect(redacted["error.message"] == "invalid JWT [redacted-jwt]")
-        #expect(redacted["request"] == ["headers": ["authorization": "[redacted]", "accept": "application/json"], "body": ["[redacted-jwt]"]])
+        #expect(
+            redacted["request"] == [
+                "headers": ["authorization": "[redacted]", "accept": "application/json"], "body": ["[redacted-jwt]"],
+            ])
     }
 
     /// No format ever shows a secret: sensitive keys, a JWT in the message, a bearer header in a value.

@@ -18,7 +18,9 @@ import Testing
         let environment = ["JOURNAL_STREAM": Self.stderrIdentity()]
         #expect(LogSetup.stderrIsJournal(environment: environment))
         #expect(LogSetup.resolvedFormat(nil, environment: environment) == .journal)
-        #expect(LogSetup.makeHandler(label: "x", format: nil, level: LogLevelBox(.info), environment: environment) is JournalLogHandler)
+        #expect(
+            LogSetup.makeHandler(label: "x", format: nil, level: LogLevelBox(.info), environment: environment)
+                is JournalLogHandler)
     }
 
     @Test(arguments: ["8:12345", "0:0", "", "garbage", "8:", ":12", "8:12:13", "-1:-1"])
@@ -30,7 +32,9 @@ import Testing
 
     @Test func noJournalStreamMeansText() {
         #expect(!LogSetup.stderrIsJournal(environment: [:]))
-        #expect(LogSetup.makeHandler(label: "x", format: nil, level: LogLevelBox(.info), environment: [:]) is TextLogHandler)
+        #expect(
+            LogSetup.makeHandler(label: "x", format: nil, level: LogLevelBox(.info), environment: [:]) is TextLogHandler
+        )
     }
 
     @Test func journalStreamParsing() {
@@ -52,7 +56,9 @@ import Testing
         let box = LogLevelBox(.info)
         let text = Logger(label: "a") { LogSetup.makeHandler(label: $0, format: .text, level: box, environment: [:]) }
         var json = Logger(label: "b") { LogSetup.makeHandler(label: $0, format: .json, level: box, environment: [:]) }
-        let journal = Logger(label: "c") { LogSetup.makeHandler(label: $0, format: .journal, level: box, environment: [:]) }
+        let journal = Logger(label: "c") {
+            LogSetup.makeHandler(label: $0, format: .journal, level: box, environment: [:])
+        }
         box.level = .debug  // what SIGHUP does
         #expect([text.logLevel, json.logLevel, journal.logLevel] == [.debug, .debug, .debug])
         json.logLevel = .error  // a global override, documented on LogLevelBox
@@ -65,16 +71,21 @@ import Testing
         }
         let provider = Logger.MetadataProvider { ["from": "provider", "provider.only": "p"] }
         let sink = RecordingSink()
-        var handler = MetricsdLogHandler(label: "metricsd", level: LogLevelBox(.info), sink: sink, metadataProvider: provider)
+        var handler = MetricsdLogHandler(
+            label: "metricsd", level: LogLevelBox(.info), sink: sink, metadataProvider: provider)
         handler.metadata = ["from": "handler", "handler.only": "h"]
         handler.log(
             event: LogEvent(
-                level: .info, message: "m", error: Failure(), metadata: ["call.only": "c", "metricsd.token": "t0ps3cret"],
+                level: .info, message: "m", error: Failure(),
+                metadata: ["call.only": "c", "metricsd.token": "t0ps3cret"],
                 source: "Tests", file: "f.swift", function: "g()", line: 7))
         let records = sink.records.withLock { $0 }
         #expect(records.count == 1)
         guard let record = records.first else { return }
-        #expect(record.metadata.map(\.key) == ["call.only", "error.message", "error.type", "from", "handler.only", "metricsd.token", "provider.only"])
+        #expect(
+            record.metadata.map(\.key) == [
+                "call.only", "error.message", "error.type", "from", "handler.only", "metricsd.token", "provider.only",
+            ])
         #expect(record.metadata.first { $0.key == "from" }?.value == "provider")
         #expect(record.metadata.first { $0.key == "error.message" }?.value == "boom")
         #expect(record.metadata.first { $0.key == "metricsd.token" }?.value == "[redacted]")
@@ -97,14 +108,19 @@ extension ProcessStateTests {
     @Suite struct StandardErrorOutputTests {
         @Test func textHandlerWritesOneRedactedLine() {
             let marker = uniqueName("marker")
-            let logger = Logger(label: "metricsd") { TextLogHandler(label: $0, level: LogLevelBox(.info), sink: TextLines()) }
+            let logger = Logger(label: "metricsd") {
+                TextLogHandler(label: $0, level: LogLevelBox(.info), sink: TextLines())
+            }
             let output = captureStandardError {
                 logger.debug("below the level \(marker)")
-                logger.info("Rejected \(LogRedactionTests.jwt) \(marker)", metadata: ["metricsd.admin.token": "t0ps3cret"])
+                logger.info(
+                    "Rejected \(LogRedactionTests.jwt) \(marker)", metadata: ["metricsd.admin.token": "t0ps3cret"])
             }
             let lines = output.split(separator: "\n").filter { $0.contains(marker) }
             #expect(lines.count == 1)
-            #expect(lines.first?.hasSuffix(" info metricsd: Rejected [redacted-jwt] \(marker) metricsd.admin.token=[redacted]") == true)
+            #expect(
+                lines.first?.hasSuffix(
+                    " info metricsd: Rejected [redacted-jwt] \(marker) metricsd.admin.token=[redacted]") == true)
             #expect(!output.contains("t0ps3cret") && !output.contains(LogRedactionTests.jwt))
         }
 
@@ -126,7 +142,9 @@ extension ProcessStateTests {
 
         @Test func journalHandlerFallsBackToStderrOnlyWithoutAJournal() {
             let marker = uniqueName("marker")
-            let logger = Logger(label: "metricsd") { JournalLogHandler(label: $0, level: LogLevelBox(.info), sink: JournalEntries()) }
+            let logger = Logger(label: "metricsd") {
+                JournalLogHandler(label: $0, level: LogLevelBox(.info), sink: JournalEntries())
+            }
             let output = captureStandardError {
                 logger.notice("journal test \(marker)", metadata: ["metricsd.user.id": "42"])
             }

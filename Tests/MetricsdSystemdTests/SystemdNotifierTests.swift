@@ -1,8 +1,8 @@
 import Glibc
 import Logging
 import MetricsdSystemd
-import Testing
 import NotifyTestSupport
+import Testing
 
 extension ProcessStateTests {
     /// The real `sd_notify` path: this process sets `NOTIFY_SOCKET` to a socket it binds and acts as the manager.
@@ -47,7 +47,10 @@ extension ProcessStateTests {
                 notifier.watchdogPing()
                 notifier.stopping(status: "draining 2 requests")
                 let messages = socket.receiveAll(quietMilliseconds: 300).map(\.message)
-                #expect(messages == ["READY=1\nSTATUS=serving", "WATCHDOG=1", "WATCHDOG=1", "STOPPING=1\nSTATUS=draining 2 requests"])
+                #expect(
+                    messages == [
+                        "READY=1\nSTATUS=serving", "WATCHDOG=1", "WATCHDOG=1", "STOPPING=1\nSTATUS=draining 2 requests",
+                    ])
                 #expect(getenv("NOTIFY_SOCKET") != nil)
                 #expect(SystemdNotifier().isEnabled)
             }

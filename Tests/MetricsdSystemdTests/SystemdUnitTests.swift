@@ -19,7 +19,9 @@ import Testing
     }
 
     /// Runs `executable` with a fixed environment and returns its exit status and output.
-    static func run(_ executable: String, _ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
+    static func run(_ executable: String, _ arguments: [String]) throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent(UUID().uuidString)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -58,7 +60,8 @@ import Testing
             lines[index] = lines[index].replacingOccurrences(of: "/usr/bin/metricsd ", with: "/bin/true ")
         }
 
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("metricsd-unit-\(UUID().uuidString)")
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "metricsd-unit-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let copy = directory.appendingPathComponent("metricsd.service")
@@ -72,7 +75,8 @@ import Testing
         }
         let result = try Self.run(analyze, ["verify", "--man=no"] + paths)
         #expect(result.status == 0, "systemd-analyze verify exited \(result.status)")
-        #expect(result.stdout + result.stderr == "", "systemd-analyze verify printed:\n\(result.stdout)\(result.stderr)")
+        #expect(
+            result.stdout + result.stderr == "", "systemd-analyze verify printed:\n\(result.stdout)\(result.stderr)")
     }
 
     /// Exposure at most 1.5 (`--threshold` is in tenths).
@@ -89,7 +93,8 @@ import Testing
     /// The README's install steps are exactly `scripts/install-steps`, the file the package test runs in a fresh
     /// Debian root: what operators read is what was tested.
     @Test func readmeInstallStepsAreTheTestedScript() throws {
-        let script = try String(contentsOf: Self.repositoryRoot.appendingPathComponent("scripts/install-steps"), encoding: .utf8)
+        let script = try String(
+            contentsOf: Self.repositoryRoot.appendingPathComponent("scripts/install-steps"), encoding: .utf8)
         let readme = try String(contentsOf: Self.repositoryRoot.appendingPathComponent("README.md"), encoding: .utf8)
         let first = "# 1. The package"
         let steps = try #require(script.range(of: first)).lowerBound
@@ -130,10 +135,13 @@ import Testing
         for (file, name) in zip(Self.socketFiles, ["public", "internal"]) {
             let socket = try #require(Self.parse(String(contentsOf: file, encoding: .utf8))["Socket"], "\(file.path)")
             #expect(socket["FileDescriptorName"] == [name], "\(file.lastPathComponent)")
-            #expect(socket["IPAddressDeny"] == ["any"] && socket["IPAddressAllow"] == ["localhost"], "\(file.lastPathComponent)")
+            #expect(
+                socket["IPAddressDeny"] == ["any"] && socket["IPAddressAllow"] == ["localhost"],
+                "\(file.lastPathComponent)")
             #expect(socket["ListenStream"]?.count == 1, "\(file.lastPathComponent)")
         }
-        let internalSocket = try #require(Self.parse(String(contentsOf: Self.socketFiles[1], encoding: .utf8))["Socket"])
+        let internalSocket = try #require(
+            Self.parse(String(contentsOf: Self.socketFiles[1], encoding: .utf8))["Socket"])
         #expect(internalSocket["Service"] == ["metricsd.service"])
     }
 

@@ -89,7 +89,8 @@ private struct CapturingLogHandler: LogHandler {
     }
 
     func log(event: LogEvent) {
-        self.capture.append(.init(level: event.level, message: event.message.description, metadata: event.metadata ?? [:]))
+        self.capture.append(
+            .init(level: event.level, message: event.message.description, metadata: event.metadata ?? [:]))
     }
 }
 

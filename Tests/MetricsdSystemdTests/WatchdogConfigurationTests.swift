@@ -36,13 +36,15 @@ import Testing
     }
 
     @Test func absentWatchdogPidEnablesIt() throws {
-        let configuration = try #require(WatchdogConfiguration.parse(environment: ["WATCHDOG_USEC": "2000000"], pid: Self.ownPid))
+        let configuration = try #require(
+            WatchdogConfiguration.parse(environment: ["WATCHDOG_USEC": "2000000"], pid: Self.ownPid))
         #expect(configuration == WatchdogConfiguration(interval: .seconds(2)))
         #expect(configuration.pingInterval == .seconds(1))
     }
 
     @Test func oddMicrosecondsHalveExactly() throws {
-        let configuration = try #require(WatchdogConfiguration.parse(environment: ["WATCHDOG_USEC": "3"], pid: Self.ownPid))
+        let configuration = try #require(
+            WatchdogConfiguration.parse(environment: ["WATCHDOG_USEC": "3"], pid: Self.ownPid))
         #expect(configuration.interval == .microseconds(3))
         #expect(configuration.pingInterval == .nanoseconds(1_500))
     }

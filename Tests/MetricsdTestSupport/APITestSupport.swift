@@ -1,5 +1,3 @@
-import MetricsdWork
-import MetricsdReads
 import Crypto
 import Foundation
 import HTTPTypes
@@ -12,6 +10,8 @@ import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdWork
 import NIOCore
 import Synchronization
 import Testing
@@ -42,7 +42,8 @@ package enum APIServer {
         let credentials = CredentialBox(.init(tokens: verifier, admin: adminToken.map { AdminTokenCheck(token: $0) }))
         let dependencies = HTTPDependencies(
             store: store, jobs: jobs, credentials: credentials, formula: formula, prometheus: nil,
-            maxInFlight: SettingsCatalog.integerDefault("METRICSD_MAX_IN_FLIGHT"), requestLog: RequestLog(mode: requestLog, logger: logger))
+            maxInFlight: SettingsCatalog.integerDefault("METRICSD_MAX_IN_FLIGHT"),
+            requestLog: RequestLog(mode: requestLog, logger: logger))
         let bound = AsyncStream<Int>.makeStream()
         let server = buildAPIServer(
             dependencies, sockets: [.bind(ListenAddress(host: "127.0.0.1", port: 0))], requestTimeout: .seconds(10),
@@ -130,7 +131,8 @@ package enum API {
 
     /// `GET /v1/profile/metrics/today` as user `userID` (a valid HS256 token).
     package static func today(port: Int, user userID: Int64) async throws -> APIReply {
-        try await self.send(port: port, "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(userID)))
+        try await self.send(
+            port: port, "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(userID)))
     }
 
     /// `POST /v1/profile/metrics/acknowledge` as user `userID` with a raw body.
@@ -141,7 +143,9 @@ package enum API {
     }
 
     /// Acknowledges `version` / `computedAt`.
-    package static func acknowledge(port: Int, user userID: Int64, version: Int, computedAt: String) async throws -> APIReply {
+    package static func acknowledge(port: Int, user userID: Int64, version: Int, computedAt: String) async throws
+        -> APIReply
+    {
         try await self.acknowledge(
             port: port, user: userID, body: #"{"version":\#(version),"metricsComputedAt":"\#(computedAt)"}"#)
     }
@@ -243,7 +247,8 @@ package func isISOMilliseconds(_ text: String?) -> Bool {
 /// and that nothing leaks (SQL, stack, file path, secret). Returns the message.
 @discardableResult
 package func expectErrorBody(
-    _ reply: APIReply, status: Int, code: AppError.Code? = nil, codes: [AppError.Code] = [], contains fragments: [String] = [],
+    _ reply: APIReply, status: Int, code: AppError.Code? = nil, codes: [AppError.Code] = [],
+    contains fragments: [String] = [],
     sourceLocation: SourceLocation = #_sourceLocation
 ) -> String {
     #expect(reply.status == status, "expected \(status), got \(reply)", sourceLocation: sourceLocation)
@@ -252,11 +257,14 @@ package func expectErrorBody(
         sourceLocation: sourceLocation)
     #expect(reply.requestID?.isEmpty == false, "no X-Request-Id on \(reply)", sourceLocation: sourceLocation)
     let json = reply.json
-    #expect(json?.keys == ["error", "statusCode", "code"], "not an error body: \(reply)", sourceLocation: sourceLocation)
+    #expect(
+        json?.keys == ["error", "statusCode", "code"], "not an error body: \(reply)", sourceLocation: sourceLocation)
     #expect(json?["statusCode"]?.int == Int64(status), "statusCode of \(reply)", sourceLocation: sourceLocation)
     let found = AppError.Code(rawValue: json?["code"]?.string ?? "")
     let expected = code.map { [$0] } ?? (codes.isEmpty ? APIErrorCodes.all : codes)
-    #expect(expected.contains(found), "code \(found) of \(reply), expected one of \(expected)", sourceLocation: sourceLocation)
+    #expect(
+        expected.contains(found), "code \(found) of \(reply), expected one of \(expected)",
+        sourceLocation: sourceLocation)
     let message = json?["error"]?.string ?? ""
     #expect(!message.isEmpty, "empty error message: \(reply)", sourceLocation: sourceLocation)
     for fragment in fragments {
@@ -272,13 +280,17 @@ package enum APIErrorCodes {
 }
 
 /// Nothing in a response body that a client must never see: SQL, a stack trace, a source or file path, a secret.
-package func expectNoLeak(_ reply: APIReply, secrets: [String] = [], sourceLocation: SourceLocation = #_sourceLocation) {
-    let forbidden = [
-        "SELECT ", "INSERT INTO", "UPDATE profile", "UPDATE user", "DELETE FROM", " WHERE ", "SQLSTATE", "syntax error", "profile_metrics", "user_settings",
-        "metrics_acknowledgements", "postgres", "libpq", ".swift", "/work/", "/usr/", "/tmp/", "/home/", "Fatal error",
-        "Stack", "backtrace", "0x0000", "PostgresError", "DecodingError", "Swift.", "HTTPError",
-        APIServer.jwtSecret, APIServer.adminToken,
-    ] + secrets
+package func expectNoLeak(_ reply: APIReply, secrets: [String] = [], sourceLocation: SourceLocation = #_sourceLocation)
+{
+    let forbidden =
+        [
+            "SELECT ", "INSERT INTO", "UPDATE profile", "UPDATE user", "DELETE FROM", " WHERE ", "SQLSTATE",
+            "syntax error", "profile_metrics", "user_settings",
+            "metrics_acknowledgements", "postgres", "libpq", ".swift", "/work/", "/usr/", "/tmp/", "/home/",
+            "Fatal error",
+            "Stack", "backtrace", "0x0000", "PostgresError", "DecodingError", "Swift.", "HTTPError",
+            APIServer.jwtSecret, APIServer.adminToken,
+        ] + secrets
     for word in forbidden where reply.text.localizedCaseInsensitiveContains(word) {
         Issue.record("response body leaks \"\(word)\": \(reply)", sourceLocation: sourceLocation)
     }
@@ -288,19 +300,25 @@ package func expectNoLeak(_ reply: APIReply, secrets: [String] = [], sourceLocat
 
 /// JWTs signed by any jwt-kit algorithm, with arbitrary header and claims.
 package enum SignedTokens {
-    package static func sign(header: [String: Any], claims: [String: Any], with algorithm: any JWTAlgorithm) throws -> String {
+    package static func sign(header: [String: Any], claims: [String: Any], with algorithm: any JWTAlgorithm) throws
+        -> String
+    {
         let input = Self.signingInput(header: header, claims: claims)
         return input + "." + TestTokens.base64URL(Data(try algorithm.sign(Array(input.utf8))))
     }
 
     package static func signingInput(header: [String: Any], claims: [String: Any]) -> String {
-        let headerPart = TestTokens.base64URL(try! JSONSerialization.data(withJSONObject: header, options: [.sortedKeys]))
-        let claimsPart = TestTokens.base64URL(try! JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys]))
+        let headerPart = TestTokens.base64URL(
+            try! JSONSerialization.data(withJSONObject: header, options: [.sortedKeys]))
+        let claimsPart = TestTokens.base64URL(
+            try! JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys]))
         return headerPart + "." + claimsPart
     }
 
     /// HS256 with an arbitrary key (bytes), e.g. a public key's PEM (the HS/RS confusion attack).
-    package static func hs256(claims: [String: Any], key: [UInt8], header: [String: Any] = ["alg": "HS256", "typ": "JWT"])
+    package static func hs256(
+        claims: [String: Any], key: [UInt8], header: [String: Any] = ["alg": "HS256", "typ": "JWT"]
+    )
         -> String
     {
         let input = Self.signingInput(header: header, claims: claims)
@@ -386,7 +404,9 @@ package struct AsymmetricKey: Sendable {
         let key = Curve25519.Signing.PrivateKey()
         let signer = try await JWTKeyCollection().add(eddsa: EdDSA.PrivateKey(backing: key)).getKey()
         // SubjectPublicKeyInfo of an Ed25519 key (RFC 8410): a fixed 12-byte DER prefix, then the 32-byte key.
-        let der = Data([0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00]) + key.publicKey.rawRepresentation
+        let der =
+            Data([0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00])
+            + key.publicKey.rawRepresentation
         let pem = "-----BEGIN PUBLIC KEY-----\n" + der.base64EncodedString() + "\n-----END PUBLIC KEY-----\n"
         return AsymmetricKey(name: "EdDSA", publicPEM: pem, signer: signer)
     }
@@ -472,7 +492,10 @@ package final class RawConnection: @unchecked Sendable {  // used by one task at
                 Glibc.send(self.descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
             }
             if sent < 0 {
-                if errno == EAGAIN || errno == EWOULDBLOCK { usleep(1000); continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK {
+                    usleep(1000)
+                    continue
+                }
                 return false
             }
             offset += sent
@@ -524,7 +547,8 @@ package final class RawConnection: @unchecked Sendable {  // used by one task at
                     let head = text[..<headEnd.lowerBound].lowercased()
                     let length =
                         head.split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
-                        .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+                        .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) }
+                        ?? 0
                     if text[headEnd.upperBound...].utf8.count >= length { return text }
                 }
             case .nothing: try? await Task.sleep(for: .milliseconds(10))
@@ -550,21 +574,24 @@ extension DaemonProcess {
     package func stop(sourceLocation: SourceLocation = #_sourceLocation) async {
         self.signal(SIGTERM)
         let status = await self.waitForExit(timeout: .seconds(20))
-        #expect(status == 0, "metricsd exit status \(String(describing: status)); output:\n\(self.log.suffix(2000))",
-                sourceLocation: sourceLocation)
+        #expect(
+            status == 0, "metricsd exit status \(String(describing: status)); output:\n\(self.log.suffix(2000))",
+            sourceLocation: sourceLocation)
     }
 
     /// A request to the daemon, as a `APIReply`.
     package func send(_ path: String, method: HTTPRequest.Method = .get, headers: HTTPFields = [:], body: String? = nil)
         async throws -> APIReply
     {
-        try await API.send(port: self.port, path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) })
+        try await API.send(
+            port: self.port, path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) })
     }
 }
 
 /// Writes `contents` to a new file under the test scratch directory and returns its path.
 package func scratchFile(_ name: String, _ contents: String) throws -> String {
-    let base = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+    let base =
+        ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
         ?? NSTemporaryDirectory()
     let directory = base + "/api-tests-\(getpid())-\(UUID().uuidString.prefix(8))"
     try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)

@@ -7,7 +7,8 @@ import Synchronization
 import Testing
 
 /// The real `metricsd` binary, run as a child process the way systemd or an operator would run it.
-package final class DaemonProcess: @unchecked Sendable {  // the Process is only touched under `lock`-free reads after start
+// The Process is only touched under `lock`-free reads after start.
+package final class DaemonProcess: @unchecked Sendable {
     package let process: Process
     package let port: Int
     private let output: OutputBuffer
@@ -19,7 +20,9 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent()
         let path = root.appendingPathComponent(".build/debug/metricsd").path
-        try #require(FileManager.default.isExecutableFile(atPath: path), "build the daemon first: swift build (scripts/test does)")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: path),
+            "build the daemon first: swift build (scripts/test does)")
         return path
     }
 
@@ -27,8 +30,10 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
     /// taken, between the pick and the daemon's bind, as the local port of some outgoing connection (the
     /// daemons' own connections to PostgreSQL), and the daemon then fails with "address already in use".
     package static func freePort() -> Int {
-        let ephemeralStart = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
-            .flatMap { $0.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first.flatMap { Int($0) } } ?? 32768
+        let ephemeralStart =
+            (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { $0.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first.flatMap { Int($0) } }
+            ?? 32768
         let range = 20000..<max(20001, min(ephemeralStart, 32768))
         for _ in 0..<200 {
             let port = Int.random(in: range)
@@ -104,15 +109,21 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
     /// `METRICSD_FAULTS` (e.g. `batch-delay-ms=60`, `stall-scheduler-after=3`) and sets them as the daemon's test
     /// seams.
     package static func faultInjectingBinary() throws -> String {
-        let path = URL(fileURLWithPath: try Self.binary()).deletingLastPathComponent().appendingPathComponent("metricsd-faults").path
-        try #require(FileManager.default.isExecutableFile(atPath: path), "build the tests first: swift build --build-tests (scripts/test does)")
+        let path = URL(fileURLWithPath: try Self.binary()).deletingLastPathComponent().appendingPathComponent(
+            "metricsd-faults"
+        ).path
+        try #require(
+            FileManager.default.isExecutableFile(atPath: path),
+            "build the tests first: swift build --build-tests (scripts/test does)")
         return path
     }
 
     /// Starts `metricsd <arguments>` with exactly `environment` (nothing inherited); with `METRICSD_FAULTS` in
     /// it, the fault-injecting build. `launcher` runs it through a program that then executes it (the same
     /// process), e.g. `["/usr/bin/prlimit", "--nofile=200:200", "--"]`.
-    package init(arguments: [String] = ["serve"], environment: [String: String], port: Int = 0, launcher: [String] = []) throws {
+    package init(arguments: [String] = ["serve"], environment: [String: String], port: Int = 0, launcher: [String] = [])
+        throws
+    {
         let process = Process()
         let binary = environment["METRICSD_FAULTS"] == nil ? try Self.binary() : try Self.faultInjectingBinary()
         if let program = launcher.first {
@@ -162,7 +173,9 @@ package final class DaemonProcess: @unchecked Sendable {  // the Process is only
     }
 
     /// Waits until `condition` holds, polling every 50 ms; false on timeout.
-    package static func eventually(timeout: Duration = .seconds(30), _ condition: () async throws -> Bool) async rethrows -> Bool {
+    package static func eventually(timeout: Duration = .seconds(30), _ condition: () async throws -> Bool)
+        async rethrows -> Bool
+    {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             if try await condition() { return true }
@@ -195,7 +208,8 @@ package enum HTTP {
     ) async throws -> TestClient.Response {
         try await TestClient.withClient(host: "127.0.0.1", port: port, configuration: .init(timeout: .seconds(20))) {
             client in
-            try await client.execute(.init(path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) }))
+            try await client.execute(
+                .init(path, method: method, headers: headers, body: body.map { ByteBuffer(string: $0) }))
         }
     }
 }
@@ -212,8 +226,10 @@ extension TestClient.Response {
 
 /// Test JWTs, minted like the GTSD API does (HS256, `sub` as a string).
 package enum TestTokens {
-    package static func user(_ id: Int64, secret: String = DaemonProcess.secrets.jwtSecret, expiresIn: Int = 3600,
-                     extra: [String: Any] = [:], header: [String: Any] = ["alg": "HS256", "typ": "JWT"]) -> String {
+    package static func user(
+        _ id: Int64, secret: String = DaemonProcess.secrets.jwtSecret, expiresIn: Int = 3600,
+        extra: [String: Any] = [:], header: [String: Any] = ["alg": "HS256", "typ": "JWT"]
+    ) -> String {
         var claims: [String: Any] = ["sub": String(id), "exp": Int(Date().timeIntervalSince1970) + expiresIn]
         claims.merge(extra) { $1 }
         return self.sign(header: header, claims: claims, secret: secret)
@@ -224,7 +240,11 @@ package enum TestTokens {
         let claimsPart = Self.base64URL(try! JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys]))
         let input = headerPart + "." + claimsPart
         guard (header["alg"] as? String) == "HS256" else { return input + "." }
-        return input + "." + Self.base64URL(Data(HMAC<SHA256>.authenticationCode(for: Array(input.utf8), using: SymmetricKey(data: Array(secret.utf8)))))
+        return input + "."
+            + Self.base64URL(
+                Data(
+                    HMAC<SHA256>.authenticationCode(
+                        for: Array(input.utf8), using: SymmetricKey(data: Array(secret.utf8)))))
     }
 
     package static func base64URL(_ data: Data) -> String {

@@ -52,7 +52,9 @@ package final class FreezingProxy: Sendable {
             _ = setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
             var address = Self.address(port: port)
             let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
             }
             if bound == 0 && listen(listener, 128) == 0 { break }
             Glibc.close(listener)
@@ -97,7 +99,9 @@ package final class FreezingProxy: Sendable {
             let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0)
             var address = Self.address(port: self.target)
             let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
             }
             guard connected == 0 else {
                 Glibc.close(server)
@@ -128,7 +132,8 @@ package final class FreezingProxy: Sendable {
                 continue
             }
             var pollers = [
-                pollfd(fd: relay.client, events: Int16(POLLIN), revents: 0), pollfd(fd: relay.server, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: relay.client, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: relay.server, events: Int16(POLLIN), revents: 0),
             ]
             guard poll(&pollers, 2, 100) > 0 else { continue }
             if relay.frozen.load(ordering: .relaxed) { continue }
@@ -146,7 +151,9 @@ package final class FreezingProxy: Sendable {
     private static func writeAll(_ descriptor: Int32, _ buffer: [UInt8], _ count: Int) -> Bool {
         var written = 0
         while written < count {
-            let result = buffer.withUnsafeBytes { send(descriptor, $0.baseAddress! + written, count - written, Int32(MSG_NOSIGNAL)) }
+            let result = buffer.withUnsafeBytes {
+                send(descriptor, $0.baseAddress! + written, count - written, Int32(MSG_NOSIGNAL))
+            }
             guard result > 0 else { return false }
             written += result
         }

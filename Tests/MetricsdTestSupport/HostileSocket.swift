@@ -87,7 +87,9 @@ package final class HostileSocket: @unchecked Sendable {  // used by one task at
 
     /// Reads responses until `bodyless.count` of them arrived (each `true` entry answers a HEAD request, so its
     /// reply has no body whatever its `Content-Length`), the peer closed, or `timeout` passed.
-    package func readResponses(bodyless: [Bool], timeout: Duration = .seconds(10)) async -> (responses: [WireResponse], closed: Bool) {
+    package func readResponses(bodyless: [Bool], timeout: Duration = .seconds(10)) async -> (
+        responses: [WireResponse], closed: Bool
+    ) {
         let started = ContinuousClock.now
         var buffer: [UInt8] = []
         var responses: [WireResponse] = []
@@ -141,7 +143,8 @@ package struct WireResponse: Sendable, CustomStringConvertible {
         var headers: [String: String] = [:]
         for line in lines {
             guard let colon = line.firstIndex(of: ":") else { continue }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(
+                in: .whitespaces)
         }
         let bodyStart = end + 4
         if bodyless || (100..<200).contains(status) || status == 204 || status == 304 {
@@ -149,7 +152,10 @@ package struct WireResponse: Sendable, CustomStringConvertible {
         }
         let length = headers["content-length"].flatMap { Int($0) } ?? 0
         guard bytes.endIndex - bodyStart >= length else { return nil }
-        return (WireResponse(status: status, headers: headers, body: Array(bytes[bodyStart..<(bodyStart + length)])), bodyStart + length - start)
+        return (
+            WireResponse(status: status, headers: headers, body: Array(bytes[bodyStart..<(bodyStart + length)])),
+            bodyStart + length - start
+        )
     }
 }
 

@@ -31,7 +31,9 @@ package struct FaultDatabase: Sendable {
     }()
 
     /// Runs `body` on a new connection, on a blocking thread; the connection closes afterwards.
-    package func withConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
+    package func withConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws
+        -> T
+    {
         let settings = try ConnectionSettings(conninfo: self.url, environment: [:])
         return try await Self.threads.runIfActive {
             let connection = try PostgresConnection(settings: settings)
@@ -242,7 +244,8 @@ package enum Invariant {
                 report.unitsUnfinished += 1
                 report.note("daily unit \(zone) \(date) v\(version) is \(try units.requiredString(row, 3))")
             }
-            expectations[zone, default: []].append(Expectation(version: version, dates: [date], source: "daily \(zone) \(date)"))
+            expectations[zone, default: []].append(
+                Expectation(version: version, dates: [date], source: "daily \(zone) \(date)"))
         }
         // … and recompute jobs (every user; their local date when the job was created or finished).
         let jobs = try connection.query(
@@ -360,25 +363,33 @@ package enum Invariant {
                     case .skipped(let reasons): invalidReasons = invalidReasons ?? reasons
                     }
                 }
-                let matching = userRows.filter { $0.version == expectation.version && expectation.dates.contains($0.date) }
+                let matching = userRows.filter {
+                    $0.version == expectation.version && expectation.dates.contains($0.date)
+                }
                 if !validDates.isEmpty {
                     validIDs.insert(user.id)
                     let onValid = matching.filter { validDates.contains($0.date) }
                     if onValid.isEmpty {
                         report.lost += 1
-                        report.note("lost: user \(user.id) (\(user.timezone)) has no row for \(expectation.source) v\(expectation.version)")
+                        report.note(
+                            "lost: user \(user.id) (\(user.timezone)) has no row for \(expectation.source) v\(expectation.version)"
+                        )
                     } else if Set(onValid.map(\.date)).count > 1 {
                         // One job, one row per user: rows on both sides of a midnight are one too many.
                         // (Rows sharing a key are counted below, once per key.)
                         report.duplicated += Set(onValid.map(\.date)).count - 1
-                        report.note("duplicated: user \(user.id) has rows on \(Set(onValid.map(\.date)).count) dates for \(expectation.source)")
+                        report.note(
+                            "duplicated: user \(user.id) has rows on \(Set(onValid.map(\.date)).count) dates for \(expectation.source)"
+                        )
                     }
                 } else if let reasons = invalidReasons {
                     skippedIDs.insert(user.id)
                     report.expectedSkips[user.id] = reasons
                     guard let skip = skips[user.id] else {
                         report.unexplained += 1
-                        report.note("unexplained: user \(user.id) is skipped (\(reasons.map(\.code.rawValue))) but not in metrics_skips")
+                        report.note(
+                            "unexplained: user \(user.id) is skipped (\(reasons.map(\.code.rawValue))) but not in metrics_skips"
+                        )
                         continue
                     }
                     // The recorded reasons must be the core's for the date they were recorded for.
@@ -388,7 +399,9 @@ package enum Invariant {
                         skip.reasons == expected.map(\.description).joined(separator: "; ")
                     else {
                         report.unexplained += 1
-                        report.note("unexplained: user \(user.id) skip record '\(skip.codes)' '\(skip.reasons)' is not the core's \(reasons.map(\.code.rawValue))")
+                        report.note(
+                            "unexplained: user \(user.id) skip record '\(skip.codes)' '\(skip.reasons)' is not the core's \(reasons.map(\.code.rawValue))"
+                        )
                         continue
                     }
                 }
@@ -410,12 +423,16 @@ package enum Invariant {
                 switch outcome(user, row.date, row.version) {
                 case .skipped(let reasons):
                     report.wrong += 1
-                    report.note("wrong: user \(userID) has a row for \(row.date) v\(row.version) but is invalid: \(reasons.map(\.description))")
+                    report.note(
+                        "wrong: user \(userID) has a row for \(row.date) v\(row.version) but is invalid: \(reasons.map(\.description))"
+                    )
                 case .computed(let metrics):
                     let bmi = FixedPoint(parsing: row.bmi, scale: 1)?.units
                     if bmi != metrics.bmiTenths || row.bmr != metrics.bmr || row.tdee != metrics.tdee {
                         report.wrong += 1
-                        report.note("wrong: user \(userID) \(row.date) v\(row.version) has \(row.bmi)/\(row.bmr)/\(row.tdee), the core says \(metrics.bmi)/\(metrics.bmr)/\(metrics.tdee)")
+                        report.note(
+                            "wrong: user \(userID) \(row.date) v\(row.version) has \(row.bmi)/\(row.bmr)/\(row.tdee), the core says \(metrics.bmi)/\(metrics.bmr)/\(metrics.tdee)"
+                        )
                     }
                 }
             }

@@ -1,8 +1,8 @@
 import Foundation
 import Glibc
 import MetricsdSystemd
-import Synchronization
 import NotifyTestSupport
+import Synchronization
 
 /// The service manager's side of a daemon's life: a ``NotifySocket`` read by a background thread that records
 /// every datagram with its sender's pid and the `CLOCK_MONOTONIC` time it arrived, so a test can wait for a
@@ -49,7 +49,8 @@ package final class NotifyRecorder: Sendable {
         if abstract {
             socket = try NotifySocket(abstractName: name)
         } else {
-            let directory = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+            let directory =
+                ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
                 ?? NSTemporaryDirectory()
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             socket = try NotifySocket(path: URL(fileURLWithPath: directory).appendingPathComponent(name + ".sock").path)
@@ -80,7 +81,9 @@ package final class NotifyRecorder: Sendable {
     package var datagrams: [Datagram] { self.shared.storage.withLock { $0 } }
 
     /// Datagrams received after the first `index` ones.
-    package func datagrams(from index: Int) -> [Datagram] { self.shared.storage.withLock { Array($0.dropFirst(index)) } }
+    package func datagrams(from index: Int) -> [Datagram] {
+        self.shared.storage.withLock { Array($0.dropFirst(index)) }
+    }
 
     /// How many datagrams arrived so far.
     package var count: Int { self.shared.storage.withLock { $0.count } }

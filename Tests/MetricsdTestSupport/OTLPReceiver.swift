@@ -63,7 +63,8 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
         let ready = await DaemonProcess.eventually(timeout: .seconds(15)) {
             FileManager.default.fileExists(atPath: self.directory + "/ready") || !self.process.isRunning
         }
-        try #require(ready && self.process.isRunning, "the OTLP receiver did not start (python3 with opentelemetry-proto?)")
+        try #require(
+            ready && self.process.isRunning, "the OTLP receiver did not start (python3 with opentelemetry-proto?)")
     }
 
     /// Requests that did not parse as an `ExportTraceServiceRequest`, with the parser's message.
@@ -74,14 +75,17 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
 
     /// How many export requests arrived (parsed or not).
     package var requests: Int {
-        ((try? String(contentsOfFile: self.directory + "/requests.txt", encoding: .utf8)) ?? "").split(separator: "\n").count
+        ((try? String(contentsOfFile: self.directory + "/requests.txt", encoding: .utf8)) ?? "").split(separator: "\n")
+            .count
     }
 
     /// Every span received so far.
     package var spans: [ReceivedSpan] {
         let text = (try? String(contentsOfFile: self.directory + "/spans.jsonl", encoding: .utf8)) ?? ""
         return text.split(separator: "\n").compactMap { line in
-            guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
+            guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
+                return nil
+            }
             return ReceivedSpan(
                 traceID: object["traceId"] as? String ?? "", spanID: object["spanId"] as? String ?? "",
                 parentSpanID: object["parentSpanId"] as? String ?? "", name: object["name"] as? String ?? "",

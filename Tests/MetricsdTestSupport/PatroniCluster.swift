@@ -14,7 +14,8 @@ package struct PatroniCluster: Sendable {
         let pgCluster = try #require(
             environment["METRICSD_PG_CLUSTER"].flatMap { $0.isEmpty ? nil : $0 },
             "METRICSD_PG_CLUSTER is not set: run the tests with the README's test command (scripts/test)")
-        let script = URL(fileURLWithPath: pgCluster).deletingLastPathComponent().appendingPathComponent("ha-cluster").path
+        let script = URL(fileURLWithPath: pgCluster).deletingLastPathComponent().appendingPathComponent("ha-cluster")
+            .path
         let base = environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
         var output = ""
         for _ in 0..<3 {
@@ -31,11 +32,6 @@ package struct PatroniCluster: Sendable {
         throw CancellationError()
     }
 
-    private init(directory: String, script: String) {
-        self.directory = directory
-        self.script = script
-    }
-
     /// `scripts/ha-cluster url DIR WHICH DATABASE`.
     package func url(_ which: String, database: String) async throws -> String {
         try await self.run("url", which, database).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -45,7 +41,8 @@ package struct PatroniCluster: Sendable {
     @discardableResult
     package func run(_ command: String, _ arguments: String...) async throws -> String {
         let (status, output) = try await Subprocess.run(self.script, [command, self.directory] + arguments)
-        try #require(status == 0, "ha-cluster \(command) \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
+        try #require(
+            status == 0, "ha-cluster \(command) \(arguments.joined(separator: " ")) failed (\(status)):\n\(output)")
         return output
     }
 

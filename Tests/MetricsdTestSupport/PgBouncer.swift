@@ -25,7 +25,8 @@ package struct PgBouncer: Sendable {
         let directory = URL(fileURLWithPath: base)
             .appendingPathComponent("pgb-\(label)-" + UUID().uuidString.prefix(8).lowercased()).path
         let bouncer = PgBouncer(directory: directory, port: DaemonProcess.freePort(), script: script)
-        let arguments = ["pgbouncer", "start", directory, String(bouncer.port), String(upstreamPort), mode.rawValue] + lines
+        let arguments =
+            ["pgbouncer", "start", directory, String(bouncer.port), String(upstreamPort), mode.rawValue] + lines
         let (status, output) = try await Subprocess.run(script, arguments)
         guard status == 0 else {
             await bouncer.destroy()

@@ -1,5 +1,5 @@
-import MetricsdReads
 import MetricsdPostgres
+import MetricsdReads
 
 extension PostgresStore {
     /// Runs `body` while this store's batched latest-metrics reads are served (the daemon runs them as a service of

@@ -10,7 +10,9 @@ package enum PrometheusScrape {
     package static func series(_ text: String) -> [String: Double] {
         var values: [String: Double] = [:]
         for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else {
+                continue
+            }
             values[String(line[..<space])] = value
         }
         return values

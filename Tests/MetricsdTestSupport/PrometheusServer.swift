@@ -26,8 +26,10 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
         let directory = try LoopbackService.makeDirectory(label)
         let port = DaemonProcess.freePort()
         let configPath = directory + "/prometheus.json"
-        try JSONSerialization.data(withJSONObject: configuration, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
-            .write(to: URL(fileURLWithPath: configPath))
+        try JSONSerialization.data(
+            withJSONObject: configuration, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        )
+        .write(to: URL(fileURLWithPath: configPath))
         let process = try LoopbackService.launch(
             Self.binary, package: "prometheus",
             [
@@ -37,7 +39,8 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
             ], log: directory + "/prometheus.log")
         let server = PrometheusServer(port: port, directory: directory, process: process)
         do {
-            try await LoopbackService.waitUntilReady(process, port: port, path: "/-/ready", log: server.log, name: "prometheus")
+            try await LoopbackService.waitUntilReady(
+                process, port: port, path: "/-/ready", log: server.log, name: "prometheus")
         } catch {
             await server.stop()
             throw error
@@ -54,7 +57,8 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
             missing = jobs.filter { !scraped.contains($0) }
             return missing.isEmpty
         }
-        try #require(scraping, "prometheus does not scrape \(missing) after \(timeout); its log:\n\(self.log.suffix(3000))")
+        try #require(
+            scraping, "prometheus does not scrape \(missing) after \(timeout); its log:\n\(self.log.suffix(3000))")
     }
 
     /// What Prometheus logged (warnings and errors).
@@ -64,7 +68,9 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
     package struct Sample: Sendable, CustomStringConvertible {
         package let labels: [String: String]
         package let value: Double
-        package var description: String { "\(self.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }) \(self.value)" }
+        package var description: String {
+            "\(self.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }) \(self.value)"
+        }
     }
 
     /// `GET /api/v1/query`: the samples of `expression` now. Throws when Prometheus refuses the expression.
@@ -111,8 +117,11 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
     private func api(_ path: String) async throws -> [String: Any] {
         let response = try await LoopbackService.get(port: self.port, path)
         let object = try JSONSerialization.jsonObject(with: Data(response.text.utf8)) as? [String: Any]
-        try #require(object?["status"] as? String == "success", "prometheus \(path): \(response.status) \(response.text.prefix(500))")
-        return try #require(object?["data"] as? [String: Any], "prometheus \(path): no data: \(response.text.prefix(500))")
+        try #require(
+            object?["status"] as? String == "success",
+            "prometheus \(path): \(response.status) \(response.text.prefix(500))")
+        return try #require(
+            object?["data"] as? [String: Any], "prometheus \(path): no data: \(response.text.prefix(500))")
     }
 
     /// Percent-encoding for a query parameter: everything but RFC 3986's unreserved characters.
@@ -130,7 +139,9 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
 
     /// A scrape job of `prometheus.yml`: `target` (host:port) scraped at `path`, over HTTPS trusting `caFile` when
     /// given.
-    package static func scrapeJob(_ name: String, target: String, path: String = "/metrics", caFile: String? = nil) -> [String: Any] {
+    package static func scrapeJob(_ name: String, target: String, path: String = "/metrics", caFile: String? = nil)
+        -> [String: Any]
+    {
         var job: [String: Any] = ["job_name": name, "metrics_path": path, "static_configs": [["targets": [target]]]]
         if let caFile {
             job["scheme"] = "https"
@@ -141,7 +152,9 @@ package final class PrometheusServer: @unchecked Sendable {  // `process` is onl
 
     /// A blackbox-exporter job: `url` probed by the exporter at `exporter` (host:port) with `module`; the series are
     /// labelled instance=`url`, as the exporter's documentation sets it up.
-    package static func probeJob(_ name: String, url: String, exporter: String, module: String = "http_2xx") -> [String: Any] {
+    package static func probeJob(_ name: String, url: String, exporter: String, module: String = "http_2xx") -> [String:
+        Any]
+    {
         [
             "job_name": name, "metrics_path": "/probe", "params": ["module": [module]],
             "static_configs": [["targets": [url]]],
@@ -177,18 +190,24 @@ package final class BlackboxExporter: @unchecked Sendable {
         let directory = try LoopbackService.makeDirectory(label)
         let port = DaemonProcess.freePort()
         let configPath = directory + "/blackbox.json"
-        try JSONSerialization.data(withJSONObject: ["modules": modules], options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
-            .write(to: URL(fileURLWithPath: configPath))
+        try JSONSerialization.data(
+            withJSONObject: ["modules": modules], options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        )
+        .write(to: URL(fileURLWithPath: configPath))
         // The probe may use the scrape's whole timeout but 100 ms (the default keeps 500 ms back).
         let process = try LoopbackService.launch(
             Self.binary, package: "prometheus-blackbox-exporter",
-            ["--config.file=\(configPath)", "--web.listen-address=127.0.0.1:\(port)", "--timeout-offset=0.1", "--log.level=warn"],
+            [
+                "--config.file=\(configPath)", "--web.listen-address=127.0.0.1:\(port)", "--timeout-offset=0.1",
+                "--log.level=warn",
+            ],
             log: directory + "/blackbox.log")
         let exporter = BlackboxExporter(port: port, directory: directory, process: process)
         do {
             try await LoopbackService.waitUntilReady(
                 process, port: port, path: "/-/healthy",
-                log: (try? String(contentsOfFile: directory + "/blackbox.log", encoding: .utf8)) ?? "", name: "blackbox exporter")
+                log: (try? String(contentsOfFile: directory + "/blackbox.log", encoding: .utf8)) ?? "",
+                name: "blackbox exporter")
         } catch {
             await exporter.stop()
             throw error
@@ -206,8 +225,12 @@ package final class BlackboxExporter: @unchecked Sendable {
 enum LoopbackService {
     /// A new directory `label-XXXXXXXX` under `METRICSD_TEST_TMP` (else the system's temporary directory).
     static func makeDirectory(_ label: String) throws -> String {
-        let base = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
-        let directory = URL(fileURLWithPath: base).appendingPathComponent("\(label)-" + UUID().uuidString.prefix(8).lowercased()).path
+        let base =
+            ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? NSTemporaryDirectory()
+        let directory = URL(fileURLWithPath: base).appendingPathComponent(
+            "\(label)-" + UUID().uuidString.prefix(8).lowercased()
+        ).path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         return directory
     }
@@ -231,17 +254,23 @@ enum LoopbackService {
     }
 
     /// Polls `GET path` until it answers 200 (30 s at most); fails with the program's log when it exits or never does.
-    static func waitUntilReady(_ process: Process, port: Int, path: String, log: @autoclosure () -> String, name: String) async throws {
+    static func waitUntilReady(
+        _ process: Process, port: Int, path: String, log: @autoclosure () -> String, name: String
+    ) async throws {
         let ready = await DaemonProcess.eventually(timeout: .seconds(30)) {
             guard process.isRunning else { return false }
             return (try? await Self.get(port: port, path).status.code) == 200
         }
-        try #require(ready, "\(name) did not become ready on 127.0.0.1:\(port) (running: \(process.isRunning)); its log:\n\(log().suffix(3000))")
+        try #require(
+            ready,
+            "\(name) did not become ready on 127.0.0.1:\(port) (running: \(process.isRunning)); its log:\n\(log().suffix(3000))"
+        )
     }
 
     /// `GET path` with a Host header (Go's HTTP server refuses an HTTP/1.1 request without one).
     static func get(port: Int, _ path: String) async throws -> TestClient.Response {
-        try await TestClient.withClient(host: "127.0.0.1", port: port, configuration: .init(timeout: .seconds(20))) { client in
+        try await TestClient.withClient(host: "127.0.0.1", port: port, configuration: .init(timeout: .seconds(20))) {
+            client in
             try await client.execute(.init(path, method: .get, authority: "127.0.0.1:\(port)"))
         }
     }

@@ -13,7 +13,9 @@ extension TestDatabase {
                 return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
             }
             try connection.query("PREPARE checked AS " + statement)
-            let values = parameters.map { $0.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" } ?? "NULL" }
+            let values = parameters.map {
+                $0.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" } ?? "NULL"
+            }
             let result = try connection.query("EXPLAIN EXECUTE checked(\(values.joined(separator: ", ")))")
             return (0..<result.rowCount).compactMap { result.string($0, 0) }.joined(separator: "\n")
         }

@@ -14,7 +14,8 @@ package enum RawHTTP {
         package var description: String {
             switch self {
             case .complete(let status, let body): "complete \(status) \(body.prefix(120).debugDescription)"
-            case .incomplete(let received, let reason): "INCOMPLETE (\(reason)) after \(received.prefix(200).debugDescription)"
+            case .incomplete(let received, let reason):
+                "INCOMPLETE (\(reason)) after \(received.prefix(200).debugDescription)"
             }
         }
 
@@ -33,7 +34,9 @@ package enum RawHTTP {
     /// before connecting, so the window the client advertises stays that small.
     package static func connectedSocket(port: Int, receiveBuffer: Int? = nil) -> Result<Int32, HostileSocketError> {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0)
-        guard descriptor >= 0 else { return .failure(HostileSocketError("socket(): \(String(cString: strerror(errno)))")) }
+        guard descriptor >= 0 else {
+            return .failure(HostileSocketError("socket(): \(String(cString: strerror(errno)))"))
+        }
         if var size = receiveBuffer.map(Int32.init) {
             _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
@@ -66,7 +69,9 @@ package enum RawHTTP {
         let bytes = Array(text.utf8)
         var sent = 0
         while sent < bytes.count {
-            let count = bytes[sent...].withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let count = bytes[sent...].withUnsafeBytes {
+                Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             if count < 0 && errno == EINTR { continue }
             guard count > 0 else { return false }
             sent += count
@@ -100,7 +105,13 @@ package enum RawHTTP {
             if remaining <= .zero { break }
             let open = descriptors.indices.filter { outcomes[$0] == nil }
             var pollers = open.map { pollfd(fd: descriptors[$0], events: Int16(POLLIN), revents: 0) }
-            let milliseconds = Int32(min(1000, max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)))
+            let milliseconds = Int32(
+                min(
+                    1000,
+                    max(
+                        1,
+                        remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
+            )
             let ready = poll(&pollers, nfds_t(pollers.count), milliseconds)
             if ready <= 0 { continue }
             for (position, index) in open.enumerated() where pollers[position].revents != 0 {
@@ -109,10 +120,12 @@ package enum RawHTTP {
                     buffers[index] += chunk[0..<count]
                     if let response = self.parse(buffers[index]) { outcomes[index] = response }
                 } else if count == 0 {
-                    outcomes[index] = .incomplete(received: String(decoding: buffers[index], as: UTF8.self), reason: "EOF")
+                    outcomes[index] = .incomplete(
+                        received: String(decoding: buffers[index], as: UTF8.self), reason: "EOF")
                 } else if errno != EINTR && errno != EAGAIN {
                     outcomes[index] = .incomplete(
-                        received: String(decoding: buffers[index], as: UTF8.self), reason: String(cString: strerror(errno)))
+                        received: String(decoding: buffers[index], as: UTF8.self),
+                        reason: String(cString: strerror(errno)))
                 }
             }
         }
@@ -125,7 +138,9 @@ package enum RawHTTP {
     /// The response in `bytes` once it is whole; nil while more is needed.
     package static func parse(_ bytes: [UInt8]) -> Outcome? {
         let separator: [UInt8] = [13, 10, 13, 10]
-        guard let end = bytes.indices.dropLast(3).first(where: { Array(bytes[$0..<$0 + 4]) == separator }) else { return nil }
+        guard let end = bytes.indices.dropLast(3).first(where: { Array(bytes[$0..<$0 + 4]) == separator }) else {
+            return nil
+        }
         let head = String(decoding: bytes[..<end], as: UTF8.self)
         var lines = head.components(separatedBy: "\r\n")
         let statusLine = lines.removeFirst().split(separator: " ")
@@ -135,7 +150,8 @@ package enum RawHTTP {
         var headers: [String: String] = [:]
         for line in lines {
             guard let colon = line.firstIndex(of: ":") else { continue }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(
+                in: .whitespaces)
         }
         let body = Array(bytes[(end + 4)...])
         if let length = headers["content-length"].flatMap({ Int($0) }) {
@@ -146,9 +162,13 @@ package enum RawHTTP {
             var decoded: [UInt8] = []
             var position = 0
             while true {
-                guard let lineEnd = body.indices.dropFirst(position).dropLast().first(where: { body[$0] == 13 && body[$0 + 1] == 10 })
+                guard
+                    let lineEnd = body.indices.dropFirst(position).dropLast().first(where: {
+                        body[$0] == 13 && body[$0 + 1] == 10
+                    })
                 else { return nil }
-                let sizeText = String(decoding: body[position..<lineEnd], as: UTF8.self).split(separator: ";").first ?? ""
+                let sizeText =
+                    String(decoding: body[position..<lineEnd], as: UTF8.self).split(separator: ";").first ?? ""
                 guard let size = Int(sizeText.trimmingCharacters(in: .whitespaces), radix: 16) else {
                     return .incomplete(received: String(decoding: bytes, as: UTF8.self), reason: "malformed chunk size")
                 }

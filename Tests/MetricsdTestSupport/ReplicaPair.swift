@@ -35,7 +35,8 @@ package final class ReplicaPair: Sendable {
     /// hosts in the given order (default: primary first).
     package func url(database: String = "postgres", order: [ThrowawayCluster]? = nil) -> String {
         let hosts = (order ?? [self.first, self.second]).map { "127.0.0.1:\($0.port)" }.joined(separator: ",")
-        return "postgresql://postgres@\(hosts)/\(database)?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
+        return
+            "postgresql://postgres@\(hosts)/\(database)?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
     }
 
     /// The one-host URL of a member.

@@ -4,7 +4,9 @@ import Foundation
 package enum ScratchFiles {
     /// A fresh directory under the test scratch space.
     package static func directory(_ name: String) throws -> String {
-        let base = ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 } ?? NSTemporaryDirectory()
+        let base =
+            ProcessInfo.processInfo.environment["METRICSD_TEST_TMP"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? NSTemporaryDirectory()
         let path = base + "/\(name)-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path

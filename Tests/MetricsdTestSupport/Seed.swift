@@ -42,10 +42,13 @@ extension TestDatabase {
     package func seed(_ users: [SeedUser]) async throws {
         guard !users.isEmpty else { return }
         @Sendable func array(_ values: [String?]) -> String {
-            "{" + values.map { value in
-                guard let value else { return "NULL" }
-                return "\"" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
-            }.joined(separator: ",") + "}"
+            "{"
+                + values.map { value in
+                    guard let value else { return "NULL" }
+                    return "\""
+                        + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(
+                            of: "\"", with: "\\\"") + "\""
+                }.joined(separator: ",") + "}"
         }
         try await self.pool.withConnection { connection in
             try connection.query(
@@ -60,7 +63,8 @@ extension TestDatabase {
                                      $7::bool[])
                 """,
                 [
-                    array(settled.map { String($0.id) }), array(settled.map(\.dateOfBirth)), array(settled.map(\.gender)),
+                    array(settled.map { String($0.id) }), array(settled.map(\.dateOfBirth)),
+                    array(settled.map(\.gender)),
                     array(settled.map(\.weight)), array(settled.map(\.height)), array(settled.map(\.activity)),
                     array(settled.map { $0.onboardingCompleted ? "true" : "false" }),
                 ])

@@ -64,7 +64,8 @@ package final class StandbySet: Sendable {
 }
 
 /// Runs `body` with a fresh primary and `standbys` standbys, destroyed afterwards whatever happens.
-package func withStandbySet<T>(_ label: String, standbys: Int, _ body: (StandbySet) async throws -> T) async throws -> T {
+package func withStandbySet<T>(_ label: String, standbys: Int, _ body: (StandbySet) async throws -> T) async throws -> T
+{
     try await withCleanup(
         try await StandbySet.create(label, standbys: standbys), cleanup: { await $0.destroy() }, body)
 }

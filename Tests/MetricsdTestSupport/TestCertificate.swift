@@ -33,7 +33,8 @@ package struct TestCertificate: Sendable {
     package static func make(
         _ name: String, key: Key = .ec("P-256"), validFrom: Int? = nil, until: Int? = nil
     ) async throws -> TestCertificate {
-        try #require(FileManager.default.isExecutableFile(atPath: Self.openssl), "\(Self.openssl) is missing: install openssl")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: Self.openssl), "\(Self.openssl) is missing: install openssl")
         let directory = URL(fileURLWithPath: try scratchFile("index.txt", "")).deletingLastPathComponent().path
         try Data(Self.caConfiguration(directory).utf8).write(to: URL(fileURLWithPath: directory + "/\(name).cnf"))
         let (notBefore, notAfter) = (validFrom ?? Self.now - 3600, until ?? Self.now + 60 * 86_400)
@@ -44,7 +45,10 @@ package struct TestCertificate: Sendable {
         case .ec(let curve): keyOption = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:\(curve)"]
         case .rsa(let bits): keyOption = ["-newkey", "rsa:\(bits)"]
         }
-        let paths = (key: directory + "/\(name).key", request: directory + "/\(name).csr", certificate: directory + "/\(name).crt")
+        let paths = (
+            key: directory + "/\(name).key", request: directory + "/\(name).csr",
+            certificate: directory + "/\(name).crt"
+        )
         let request = try await Subprocess.capture(
             Self.openssl,
             ["req", "-new", "-nodes"] + keyOption + [
@@ -56,8 +60,10 @@ package struct TestCertificate: Sendable {
         let signed = try await Subprocess.capture(
             Self.openssl,
             [
-                "ca", "-batch", "-notext", "-config", directory + "/\(name).cnf", "-selfsign", "-keyfile", paths.key, "-in",
-                paths.request, "-startdate", Self.generalizedTime(notBefore), "-enddate", Self.generalizedTime(notAfter),
+                "ca", "-batch", "-notext", "-config", directory + "/\(name).cnf", "-selfsign", "-keyfile", paths.key,
+                "-in",
+                paths.request, "-startdate", Self.generalizedTime(notBefore), "-enddate",
+                Self.generalizedTime(notAfter),
                 "-out", paths.certificate,
             ])
         try #require(signed.status == 0, "openssl ca: \(signed.stderr)")
@@ -115,7 +121,8 @@ package struct TestCertificate: Sendable {
 
     /// This certificate's notAfter as `openssl x509 -enddate` prints it (`Jan  1 00:00:00 2020 GMT`).
     package func printedNotAfter() async throws -> String {
-        let result = try await Subprocess.capture(Self.openssl, ["x509", "-in", self.certificate, "-noout", "-enddate"])
+        let result = try await Subprocess.capture(
+            Self.openssl, ["x509", "-in", self.certificate, "-noout", "-enddate"])
         return String(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines).dropFirst("notAfter=".count))
     }
 }

@@ -51,7 +51,9 @@ package struct TestDatabase: Sendable {
     }()
 
     /// Runs `body` with a new connection to the server's `postgres` database, on a blocking thread.
-    package static func admin<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
+    package static func admin<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws
+        -> T
+    {
         let settings = try ConnectionSettings(conninfo: try serverURL(), environment: [:])
         return try await Self.blocking.runIfActive {
             let connection = try PostgresConnection(settings: settings)
@@ -186,6 +188,12 @@ package struct TestDatabase: Sendable {
 /// Runs `body` with a fresh database and drops it afterwards, whatever happens.
 package func withTestDatabase<T>(poolSize: Int = 4, _ body: (TestDatabase) async throws -> T) async throws -> T {
     try await withCleanup(try await TestDatabase.create(poolSize: poolSize), cleanup: { await $0.drop() }, body)
+}
+
+/// Runs `body` with `database` (made by the caller, e.g. an upgraded install) and drops it afterwards, whatever
+/// happens.
+package func withTestDatabase<T>(_ database: TestDatabase, _ body: (TestDatabase) async throws -> T) async throws -> T {
+    try await withCleanup(database, cleanup: { await $0.drop() }, body)
 }
 
 /// Runs `body` with the URL of a new database that has no schema at all; drops it afterwards.

@@ -100,7 +100,8 @@ package struct ThrowawayCluster: Sendable {
             directory: base.appendingPathComponent("\(label)-" + UUID().uuidString.prefix(8).lowercased()).path,
             port: DaemonProcess.freePort(), script: self.script)
         do {
-            try await self.run("standby", standby.directory, String(standby.port), self.directory, synchronous ? "sync" : "async")
+            try await self.run(
+                "standby", standby.directory, String(standby.port), self.directory, synchronous ? "sync" : "async")
         } catch {
             await standby.destroy()
             throw error
@@ -175,7 +176,7 @@ package enum Subprocess {
         let closeAndRun = #"for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done; exec "$@""#
         let argv = (["/bin/bash", "-c", closeAndRun, "bash", executable] + arguments).map { strdup($0) } + [nil]
         let envp = (environment ?? ProcessInfo.processInfo.environment).map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
+        defer { for string in argv + envp { free(string) } }
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, "/bin/bash", &actions, nil, argv, envp)
         guard rc == 0 else { throw SubprocessError(executable: executable, errno: rc) }

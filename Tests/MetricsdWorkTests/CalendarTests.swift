@@ -1,9 +1,9 @@
-import MetricsdWork
-import MetricsdReads
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 /// The calendar's hardest days, on the database's clock and tz rules with an injected "now": a local date that
@@ -71,27 +71,33 @@ import Testing
                 WHERE pm.metrics_date BETWEEN '2011-12-29' AND '2011-12-31'
                 ORDER BY 1, 2
                 """)
-            #expect(rows == [
-                ["Etc/GMT+12", "2011-12-29", "2011-12-29T12:05Z"],
-                ["Etc/GMT+12", "2011-12-30", "2011-12-30T12:05Z"],
-                ["Etc/GMT+12", "2011-12-31", "2011-12-31T12:05Z"],
-                ["Pacific/Apia", "2011-12-29", "2011-12-29T10:05Z"],
-                ["Pacific/Apia", "2011-12-31", "2011-12-30T10:05Z"],
-                ["Pacific/Fakaofo", "2011-12-29", "2011-12-29T11:05Z"],
-                ["Pacific/Fakaofo", "2011-12-31", "2011-12-30T11:05Z"],
-                ["Pacific/Kiritimati", "2011-12-29", "2011-12-28T10:05Z"],
-                ["Pacific/Kiritimati", "2011-12-30", "2011-12-29T10:05Z"],
-                ["Pacific/Kiritimati", "2011-12-31", "2011-12-30T10:05Z"],
-            ])
+            #expect(
+                rows == [
+                    ["Etc/GMT+12", "2011-12-29", "2011-12-29T12:05Z"],
+                    ["Etc/GMT+12", "2011-12-30", "2011-12-30T12:05Z"],
+                    ["Etc/GMT+12", "2011-12-31", "2011-12-31T12:05Z"],
+                    ["Pacific/Apia", "2011-12-29", "2011-12-29T10:05Z"],
+                    ["Pacific/Apia", "2011-12-31", "2011-12-30T10:05Z"],
+                    ["Pacific/Fakaofo", "2011-12-29", "2011-12-29T11:05Z"],
+                    ["Pacific/Fakaofo", "2011-12-31", "2011-12-30T11:05Z"],
+                    ["Pacific/Kiritimati", "2011-12-29", "2011-12-28T10:05Z"],
+                    ["Pacific/Kiritimati", "2011-12-30", "2011-12-29T10:05Z"],
+                    ["Pacific/Kiritimati", "2011-12-31", "2011-12-30T10:05Z"],
+                ])
             // No unit at all for the date that never was; one row per user, date and version.
-            #expect(try await database.value(
-                "SELECT count(*) FROM daily_units WHERE local_date = $1::date AND timezone IN ('Pacific/Apia', 'Pacific/Fakaofo')",
-                [skippedDate]) == "0")
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM daily_units WHERE local_date = $1::date AND timezone IN ('Pacific/Apia', 'Pacific/Fakaofo')",
+                    [skippedDate]) == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
             // The users without settings were skipped on the same dates (their record is the latest verdict).
-            #expect(try await database.rows(
-                "SELECT u.timezone, k.metrics_date::text FROM metrics_skips k JOIN users u ON u.id = k.user_id ORDER BY 1") == [
+            #expect(
+                try await database.rows(
+                    "SELECT u.timezone, k.metrics_date::text FROM metrics_skips k JOIN users u ON u.id = k.user_id ORDER BY 1"
+                ) == [
                     ["Etc/GMT+12", "2011-12-31"], ["Pacific/Apia", "2012-01-01"], ["Pacific/Fakaofo", "2012-01-01"],
                     ["Pacific/Kiritimati", "2012-01-01"],
                 ])
@@ -172,33 +178,42 @@ import Testing
                                 ORDER BY computed_at DESC LIMIT 1),
                                (SELECT max(metrics_date)::text FROM profile_metrics WHERE user_id = 1)
                         FROM users u WHERE u.id = 1
-                        """, [now.iso8601]).first
+                        """, [now.iso8601]
+                    ).first
                     if let row, (row[3] ?? "") > (row[0] ?? "") || row[2] != row[1] {
-                        problems.append("\(now): local date \(row[0] ?? "?"), metrics day \(row[1] ?? "?"), newest row \(row[2] ?? "none"), latest date \(row[3] ?? "none")")
+                        problems.append(
+                            "\(now): local date \(row[0] ?? "?"), metrics day \(row[1] ?? "?"), newest row \(row[2] ?? "none"), latest date \(row[3] ?? "none")"
+                        )
                     }
                     minute += 60_000
                 }
                 #expect(problems.isEmpty, "\(problems.prefix(5))")
 
-                #expect(try await database.rows(
-                    """
-                    SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD"T"HH24:MI:SS.MS"Z"')
-                    FROM profile_metrics WHERE user_id = 1 ORDER BY 1
-                    """) == [
-                        ["2027-06-09", "06-09T09:00:00.000Z"],  // the first tick's catch-up (Kiritimati)
-                        ["2027-06-10", "06-10T12:00:00.001Z"],  // Kiritimati's at 06-09 10:05Z, refreshed at the move
-                        ["2027-06-11", "06-11T11:05:00.000Z"],  // Pago_Pago's 00:05
-                        ["2027-06-12", "06-12T11:05:00.000Z"],  // Pago_Pago's 00:05
-                        ["2027-06-13", "06-12T12:00:00.001Z"],  // at the move back
-                        ["2027-06-14", "06-13T10:05:00.000Z"],  // Kiritimati's 00:05
-                    ])
+                #expect(
+                    try await database.rows(
+                        """
+                        SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD"T"HH24:MI:SS.MS"Z"')
+                        FROM profile_metrics WHERE user_id = 1 ORDER BY 1
+                        """) == [
+                            ["2027-06-09", "06-09T09:00:00.000Z"],  // the first tick's catch-up (Kiritimati)
+                            // Kiritimati's at 06-09 10:05Z, refreshed at the move.
+                            ["2027-06-10", "06-10T12:00:00.001Z"],
+                            ["2027-06-11", "06-11T11:05:00.000Z"],  // Pago_Pago's 00:05
+                            ["2027-06-12", "06-12T11:05:00.000Z"],  // Pago_Pago's 00:05
+                            ["2027-06-13", "06-12T12:00:00.001Z"],  // at the move back
+                            ["2027-06-14", "06-13T10:05:00.000Z"],  // Kiritimati's 00:05
+                        ])
                 // The users who stayed got every date once, at their zone's 00:05.
-                #expect(try await database.value(
-                    "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 2")
-                    == "2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13,2027-06-14")
-                #expect(try await database.value(
-                    "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 3")
-                    == "2027-06-08,2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13")
+                #expect(
+                    try await database.value(
+                        "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 2"
+                    )
+                        == "2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13,2027-06-14")
+                #expect(
+                    try await database.value(
+                        "SELECT string_agg(metrics_date::text, ',' ORDER BY metrics_date) FROM profile_metrics WHERE user_id = 3"
+                    )
+                        == "2027-06-08,2027-06-09,2027-06-10,2027-06-11,2027-06-12,2027-06-13")
                 // The read path serves the newest row: the 06-14 one.
                 let latest = try #require(try await store.latestMetrics(userID: 1))
                 #expect(latest.computedAt == (try Self.at("2027-06-13T10:05:00Z")))
@@ -211,10 +226,15 @@ import Testing
     /// for it (FOR SHARE), then sees the new zone and leaves the user out, and still finishes.
     @Test func aChunkThatReadAUserBeforeTheirMoveWritesNothingForThem() async throws {
         try await withTestDatabase(poolSize: 2) { database in
-            try await database.seed([.valid(1, timezone: "Pacific/Kiritimati"), .valid(2, timezone: "Pacific/Kiritimati")])
+            try await database.seed([
+                .valid(1, timezone: "Pacific/Kiritimati"), .valid(2, timezone: "Pacific/Kiritimati"),
+            ])
             let queue = Self.queue(database)
             let now = try Self.at("2027-06-10T10:05:00Z")  // Kiritimati 06-11 00:05
-            #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).map(\.localDate.description) == ["2027-06-11"])
+            #expect(
+                try await queue.enqueueDueUnits(dailyAt: .default, now: now).map(\.localDate.description) == [
+                    "2027-06-11"
+                ])
             let chunk = try #require(try await queue.claim(now: now))
             let mover = try await database.pool.openDedicatedConnection()
             try await database.pool.runBlocking {
@@ -226,15 +246,21 @@ import Testing
             for _ in 0..<200 {
                 let waiting = try await database.value(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%in_zone%'")
-                if waiting == "1" { waited = true; break }
+                if waiting == "1" {
+                    waited = true
+                    break
+                }
                 try await Task.sleep(for: .milliseconds(50))
             }
             #expect(waited, "the chunk's write never waited for the zone change")
             try await database.pool.runBlocking { try mover.execute("COMMIT") }
             let progress = try await processing.value
             #expect(progress.end == .finished)
-            #expect(try await database.rows(
-                "SELECT user_id::text, metrics_date::text FROM profile_metrics ORDER BY 1") == [["2", "2027-06-11"]])
+            #expect(
+                try await database.rows(
+                    "SELECT user_id::text, metrics_date::text FROM profile_metrics ORDER BY 1") == [
+                        ["2", "2027-06-11"]
+                    ])
             #expect(try await database.value("SELECT count(*) FROM metrics_skips") == "0")
         }
     }

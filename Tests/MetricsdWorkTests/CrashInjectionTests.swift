@@ -1,9 +1,9 @@
-import MetricsdWork
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdTestSupport
+import MetricsdWork
 import Synchronization
 import Testing
 
@@ -21,7 +21,8 @@ import Testing
         configuration.batchSize = 10
         configuration.chunkSize = 100
         configuration.leaseSeconds = 30
-        var queue = WorkQueue(pool: database.pool, formula: .current, owner: owner, configuration: configuration, logger: database.logger)
+        var queue = WorkQueue(
+            pool: database.pool, formula: .current, owner: owner, configuration: configuration, logger: database.logger)
         queue.faults = faults
         return queue
     }
@@ -30,17 +31,20 @@ import Testing
 
     /// Users 1…95 in one zone, valid except every 19th (skipped with a reason).
     static func seed(_ database: TestDatabase) async throws {
-        try await database.seed((1...95).map { id in
-            var user = SeedUser.valid(Int64(id), timezone: "Europe/Paris")
-            if id % 19 == 0 { user.weight = "500.00" }
-            return user
-        })
+        try await database.seed(
+            (1...95).map { id in
+                var user = SeedUser.valid(Int64(id), timezone: "Europe/Paris")
+                if id % 19 == 0 { user.weight = "500.00" }
+                return user
+            })
     }
 
     static func assertExactlyOnce(_ database: TestDatabase) async throws {
         #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "90")
-        #expect(try await database.value(
-            "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+        #expect(
+            try await database.value(
+                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+            ) == "0")
         #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE user_id % 19 = 0") == "0")
         #expect(try await database.value("SELECT count(*) FROM metrics_skips") == "5")
         #expect(try await database.value("SELECT state FROM daily_units") == "done")
@@ -63,8 +67,12 @@ import Testing
             _ = try await doomed.enqueueDueUnits(dailyAt: .default, now: Self.start)
             let chunk = try #require(try await doomed.claim(now: Self.start))
             await #expect(throws: (any Error).self) { try await doomed.process(chunk, now: Self.start) }
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "19", "only the two committed batches (user 19 is skipped)")
-            #expect(try await database.value("SELECT cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)]) == "20")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics") == "19",
+                "only the two committed batches (user 19 is skipped)")
+            #expect(
+                try await database.value("SELECT cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)])
+                    == "20")
 
             let peer = Self.queue(database, owner: "peer")
             #expect(try await peer.claim(now: Self.at(10)) == nil, "the lease still holds")
@@ -93,14 +101,18 @@ import Testing
             _ = try await doomed.enqueueDueUnits(dailyAt: .default, now: Self.start)
             let chunk = try #require(try await doomed.claim(now: Self.start))
             await #expect(throws: (any Error).self) { try await doomed.process(chunk, now: Self.start) }
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "48", "five batches, two of them with a skipped user")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics") == "48",
+                "five batches, two of them with a skipped user")
             let stampBefore = try await database.value("SELECT max(computed_at)::text FROM profile_metrics")
 
             let peer = Self.queue(database, owner: "peer")
             try await ScheduleTests.runAll(peer, now: Self.at(31))
             try await Self.assertExactlyOnce(database)
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE computed_at::text <= $1", [stampBefore]) == "48",
-                    "rows of committed batches were not rewritten")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM profile_metrics WHERE computed_at::text <= $1", [stampBefore]) == "48",
+                "rows of committed batches were not rewritten")
         }
     }
 
@@ -140,7 +152,8 @@ import Testing
             #expect(countA > 0 && countB > 0, "both workers did work: \(countA) and \(countB) chunks")
             #expect(countA + countB == 40)
             #expect(try await database.value("SELECT count(*) FROM profile_metrics") == "2000")
-            #expect(try await database.value("SELECT sum(attempts) FROM work_chunks") == "40", "no chunk was claimed twice")
+            #expect(
+                try await database.value("SELECT sum(attempts) FROM work_chunks") == "40", "no chunk was claimed twice")
         }
     }
 

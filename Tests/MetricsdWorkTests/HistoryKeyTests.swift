@@ -1,11 +1,11 @@
-@testable import MetricsdWork
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
+import MetricsdTestSupport
 import Testing
 
 @testable import MetricsdPostgres
+@testable import MetricsdWork
 
 /// The exactly-once key as the history grows: `profile_metrics_date_version_user_key`, on
 /// `(metrics_date, version, user_id)`, is the only unique index on those columns, every write that names them still

@@ -47,28 +47,40 @@ import Testing
     /// dated before the bound still goes into the old partition and is logged for the move, and the move is set up
     /// with one table per month of the history.
     @Test func theMigrationClosesTheOldPartitionAfterItsNewestDate() async throws {
-        try await withCleanup(try await Self.upgradedInstall(users: 20, days: 90), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await Self.upgradedInstall(users: 20, days: 90)) {
+            database in
             let bound = try #require(try await database.value("SELECT \(Self.today)::text"))
-            let old = try #require(try await database.value(
-                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass AND c.relname LIKE 'profile_metrics_until_%'"))
+            let old = try #require(
+                try await database.value(
+                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'profile_metrics'::regclass AND c.relname LIKE 'profile_metrics_until_%'"
+                ))
             let fileBefore = try await database.value("SELECT pg_relation_filenode('\(old)')")
             let rowsBefore = try await database.value(Self.rowSet, [bound])
             let keptBefore = try await database.value(HistoryQueries.kept)
             let acknowledgedBefore = try await database.value(Self.acknowledgements)
 
             #expect(try await database.migrate() == Migration.all.map(\.name).filter { $0 >= "0017" })
-            let closed = try #require(try await database.value(
-                "SELECT replace(metricsd_partition_name('\(bound)'), 'profile_metrics_', 'profile_metrics_until_')"))
-            let partitions = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n").map(String.init)
+            let closed = try #require(
+                try await database.value(
+                    "SELECT replace(metricsd_partition_name('\(bound)'), 'profile_metrics_', 'profile_metrics_until_')")
+            )
+            let partitions = try #require(try await database.value(HistoryQueries.partitions)).split(separator: "\n")
+                .map(String.init)
             #expect(partitions.contains("\(closed) FOR VALUES FROM (MINVALUE) TO ('\(bound)')"), "\(partitions)")
             let todays = try #require(try await database.value("SELECT metricsd_partition_name('\(bound)')"))
-            let monthEnd = try #require(try await database.value("SELECT (date_trunc('month', '\(bound)'::date) + interval '1 month')::date::text"))
+            let monthEnd = try #require(
+                try await database.value(
+                    "SELECT (date_trunc('month', '\(bound)'::date) + interval '1 month')::date::text"))
             #expect(partitions.contains("\(todays) FOR VALUES FROM ('\(bound)') TO ('\(monthEnd)')"), "\(partitions)")
-            #expect(try await database.value("SELECT pg_relation_filenode('\(closed)')") == fileBefore, "attached again, not copied")
+            #expect(
+                try await database.value("SELECT pg_relation_filenode('\(closed)')") == fileBefore,
+                "attached again, not copied")
             #expect(try await database.value(Self.rowSet, [bound]) == rowsBefore)
             #expect(try await database.value(HistoryQueries.kept) == keptBefore)
             #expect(try await database.value(Self.acknowledgements) == acknowledgedBefore)
-            #expect(try await database.value("SELECT count(*) FROM pg_constraint WHERE conname = 'profile_metrics_dates_before_bound'") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM pg_constraint WHERE conname = 'profile_metrics_dates_before_bound'") == "0")
 
             // Today's row goes into today's partition; yesterday's (a zone behind) still into the old one, logged.
             try await database.execute(
@@ -76,15 +88,22 @@ import Testing
                 INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date)
                 VALUES (1, 25.0, 1600, 2100, 2, \(Self.today)), (2, 25.0, 1600, 2100, 2, \(Self.today) - 1)
                 """)
-            #expect(try await database.value("SELECT string_agg(tableoid::regclass::text, ',' ORDER BY user_id) FROM profile_metrics WHERE version = 2")
-                == "\(todays),\(closed)")
+            #expect(
+                try await database.value(
+                    "SELECT string_agg(tableoid::regclass::text, ',' ORDER BY user_id) FROM profile_metrics WHERE version = 2"
+                )
+                    == "\(todays),\(closed)")
             #expect(try await database.value("SELECT op || user_id FROM history_move_log") == "I2")
 
             // One table per month of the history, the first of them taking every older date.
-            let first = try #require(try await database.value("SELECT metricsd_partition_name(date_trunc('month', \(Self.today) - 90)::date)"))
+            let first = try #require(
+                try await database.value(
+                    "SELECT metricsd_partition_name(date_trunc('month', \(Self.today) - 90)::date)"))
             #expect(try await database.value("SELECT state || ' ' || source FROM history_move") == "copying \(closed)")
-            #expect(try await database.value(
-                "SELECT string_agg(partition || ':' || coalesce(range_from::text, 'MINVALUE'), ',' ORDER BY month) FROM history_move_months LIMIT 1")?
+            #expect(
+                try await database.value(
+                    "SELECT string_agg(partition || ':' || coalesce(range_from::text, 'MINVALUE'), ',' ORDER BY month) FROM history_move_months LIMIT 1"
+                )?
                 .hasPrefix("\(first):MINVALUE,") == true)
             #expect(try await database.value("SELECT max(range_to)::text FROM history_move_months") == bound)
         }
@@ -94,8 +113,9 @@ import Testing
     /// partitions, and there is nothing to move.
     @Test func aFreshInstallHasNothingToMove() async throws {
         try await withTestDatabase { database in
-            let start = try #require(try await database.value(
-                "SELECT date_trunc('month', (now() AT TIME ZONE 'Etc/GMT+12')::date)::date::text"))
+            let start = try #require(
+                try await database.value(
+                    "SELECT date_trunc('month', (now() AT TIME ZONE 'Etc/GMT+12')::date)::date::text"))
             let partitions = try #require(try await database.value(HistoryQueries.partitions))
             #expect(partitions.contains("FOR VALUES FROM (MINVALUE) TO ('\(start)')"), "\(partitions)")
             #expect(try await database.value("SELECT count(*) FROM history_move") == "0")
@@ -110,7 +130,7 @@ import Testing
     /// history, the acknowledgements are untouched, no key is held twice, no lock was waited on for a second, and
     /// the old partition is gone.
     @Test func anUpgradedHistoryMovesIntoItsMonthsWhileItIsReadAndWritten() async throws {
-        try await withCleanup(try await Self.upgradedInstall(), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await Self.upgradedInstall()) { database in
             _ = try await database.migrate()
             let bound = try #require(try await database.value("SELECT \(Self.today)::text"))
             let source = try #require(try await database.value("SELECT source FROM history_move"))
@@ -147,14 +167,20 @@ import Testing
             }
             #expect(replayed > 0, "writes were logged and replayed during the move")
             #expect(try await database.value("SELECT state FROM history_move") == "done")
-            #expect(try await database.value("SELECT to_regclass('\(source)') IS NULL") == "t", "the old partition is dropped")
+            #expect(
+                try await database.value("SELECT to_regclass('\(source)') IS NULL") == "t",
+                "the old partition is dropped")
             #expect(try await database.value("SELECT count(*) FROM history_move_log") == "0")
             #expect(try await database.value(Self.misplaced) == "0")
-            #expect(try await database.value(Self.rowSet, [bound])
-                == database.value(Self.rowSet.replacingOccurrences(of: "FROM profile_metrics", with: "FROM expected"), [bound]))
+            #expect(
+                try await database.value(Self.rowSet, [bound])
+                    == database.value(
+                        Self.rowSet.replacingOccurrences(of: "FROM profile_metrics", with: "FROM expected"), [bound]))
             #expect(try await database.value(HistoryQueries.kept) == database.value(HistoryQueries.fromHistory))
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics_latest WHERE metrics_date = \(Self.today)")
-                == String(Self.users - 1), "every user's newest row is today's, but the deleted user's")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM profile_metrics_latest WHERE metrics_date = \(Self.today)")
+                    == String(Self.users - 1), "every user's newest row is today's, but the deleted user's")
             let acknowledged = acknowledgedBefore.split(separator: ";").filter { !$0.hasPrefix("\(Self.users)|") }
             #expect(try await database.value(Self.acknowledgements) == acknowledged.joined(separator: ";"))
             try await Self.expectKeysInPlace(database)
@@ -165,7 +191,8 @@ import Testing
     /// cursor and the log as before); two instances then finish the move together, each copying part of it and no
     /// row twice, and every row is kept.
     @Test func aKilledMoveResumesAndTwoInstancesShareIt() async throws {
-        try await withCleanup(try await Self.upgradedInstall(users: 40, days: 400), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await Self.upgradedInstall(users: 40, days: 400)) {
+            database in
             _ = try await database.migrate()
             let bound = try #require(try await database.value("SELECT \(Self.today)::text"))
             let keptBefore = try await database.value(HistoryQueries.kept)
@@ -175,7 +202,12 @@ import Testing
             let expected = try await database.value(Self.rowSet, [bound])
             let a = try Self.instance(database, owner: "a")
             let b = try Self.instance(database, owner: "b")
-            defer { Task { await a.pool.close(); await b.pool.close() } }
+            defer {
+                Task {
+                    await a.pool.close()
+                    await b.pool.close()
+                }
+            }
 
             var copied = 0
             for _ in 0..<3 {
@@ -185,9 +217,11 @@ import Testing
                 }
                 copied += rows
             }
-            let month = try #require(try await database.value(
-                "SELECT partition FROM history_move_months WHERE NOT copied ORDER BY month DESC LIMIT 1"))
-            let progress = "SELECT (SELECT rows_copied || '/' || cursor_date || '/' || cursor_user FROM history_move_months WHERE partition = '\(month)') || ' ' || (SELECT count(*) FROM \(month)) || ' ' || (SELECT count(*) FROM history_move_log)"
+            let month = try #require(
+                try await database.value(
+                    "SELECT partition FROM history_move_months WHERE NOT copied ORDER BY month DESC LIMIT 1"))
+            let progress =
+                "SELECT (SELECT rows_copied || '/' || cursor_date || '/' || cursor_user FROM history_move_months WHERE partition = '\(month)') || ' ' || (SELECT count(*) FROM \(month)) || ' ' || (SELECT count(*) FROM history_move_log)"
             let before = try await database.value(progress)
             try await database.execute(
                 """
@@ -207,7 +241,8 @@ import Testing
             let (rowsA, rowsB) = (Self.rowsCopied(stepsA), Self.rowsCopied(stepsB))
             #expect(rowsA > 0 && rowsB > 0, "both instances copied: \(rowsA), \(rowsB)")
             #expect(copied + rowsA + rowsB == 40 * 400 - 10, "each row copied once")
-            #expect(try await database.value("SELECT sum(rows_copied) FROM history_move_months") == String(40 * 400 - 10))
+            #expect(
+                try await database.value("SELECT sum(rows_copied) FROM history_move_months") == String(40 * 400 - 10))
             #expect(try await database.value("SELECT state FROM history_move") == "done")
             #expect(try await database.value(Self.rowSet, [bound]) == expected)
             #expect(try await database.value(HistoryQueries.kept) == keptBefore)
@@ -220,25 +255,30 @@ import Testing
     /// interrupted, as on a graceful stop; the index it leaves invalid is dropped and built again by the next step,
     /// and the move ends with every key valid.
     @Test func anInterruptedIndexBuildIsDoneAgain() async throws {
-        try await withCleanup(try await Self.upgradedInstall(users: 20, days: 40), cleanup: { await $0.drop() }) { database in
+        try await withTestDatabase(try await Self.upgradedInstall(users: 20, days: 40)) {
+            database in
             _ = try await database.migrate()
             let queue = WorkQueueTests.queue(database)
             while try await database.value("SELECT state FROM history_move") == "copying" {
                 _ = try await queue.moveHistory(batchRows: 1000)
             }
-            let month = try #require(try await database.value(
-                "SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
+            let month = try #require(
+                try await database.value(
+                    "SELECT partition FROM history_move_months ORDER BY month LIMIT 1"))
             let blocker = try Self.instance(database, owner: "blocker")
             defer { Task { await blocker.pool.close() } }
             try await blocker.pool.withConnection { try $0.execute("BEGIN; LOCK TABLE \(month) IN ROW EXCLUSIVE MODE") }
 
             let interrupt = WorkQueue.HistoryMoveInterrupt()
             async let step: Result<WorkQueue.HistoryMoveStep, any Error> = {
-                do { return .success(try await queue.moveHistory(batchRows: 1000, interrupt: interrupt)) } catch { return .failure(error) }
+                do { return .success(try await queue.moveHistory(batchRows: 1000, interrupt: interrupt)) } catch {
+                    return .failure(error)
+                }
             }()
             let waiting = await DaemonProcess.eventually(timeout: .seconds(10)) {
                 (try? await database.value(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"))
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE UNIQUE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'"
+                ))
                     == "1"
             }
             #expect(waiting, "the index build waits for the transaction")
@@ -250,7 +290,9 @@ import Testing
             }
             #expect(error.sqlState == "57014", "\(error)")
             #expect(ContinuousClock.now - started < .seconds(5))
-            #expect(try await database.value("SELECT count(*) FROM pg_index WHERE indrelid = '\(month)'::regclass AND NOT indisvalid") == "1")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM pg_index WHERE indrelid = '\(month)'::regclass AND NOT indisvalid") == "1")
             try await blocker.pool.withConnection { try $0.execute("ROLLBACK") }
 
             #expect(try await Self.moveToTheEnd(queue, batchRows: 1000).last == .finished)
@@ -262,15 +304,21 @@ import Testing
 
     /// Every index valid, and every partition's key and foreign key parts of profile_metrics' own (attached, so
     /// enforced as the table's); a duplicate of a moved row's key is refused.
-    static func expectKeysInPlace(_ database: TestDatabase, sourceLocation: SourceLocation = #_sourceLocation) async throws {
-        #expect(try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0", sourceLocation: sourceLocation)
-        #expect(try await database.value(
-            """
-            SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-            WHERE i.inhparent = 'profile_metrics'::regclass
-              AND ((SELECT count(*) FROM pg_index x JOIN pg_inherits h ON h.inhrelid = x.indexrelid WHERE x.indrelid = c.oid) <> 2
-                   OR NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'f' AND k.conparentid <> 0))
-            """) == "0", "each partition's keys and foreign key belong to profile_metrics'", sourceLocation: sourceLocation)
+    static func expectKeysInPlace(_ database: TestDatabase, sourceLocation: SourceLocation = #_sourceLocation)
+        async throws
+    {
+        #expect(
+            try await database.value("SELECT count(*) FROM pg_index WHERE NOT indisvalid") == "0",
+            sourceLocation: sourceLocation)
+        #expect(
+            try await database.value(
+                """
+                SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE i.inhparent = 'profile_metrics'::regclass
+                  AND ((SELECT count(*) FROM pg_index x JOIN pg_inherits h ON h.inhrelid = x.indexrelid WHERE x.indrelid = c.oid) <> 2
+                       OR NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'f' AND k.conparentid <> 0))
+                """) == "0", "each partition's keys and foreign key belong to profile_metrics'",
+            sourceLocation: sourceLocation)
         await #expect(throws: PostgresError.self, "a second row of a moved key", sourceLocation: sourceLocation) {
             try await database.execute(
                 """
@@ -370,9 +418,11 @@ import Testing
                 let statement: String
                 switch random.next(upTo: 3) {
                 case 0:
-                    statement = "WITH d AS (DELETE FROM profile_metrics WHERE user_id = $1 AND metrics_date = \(Self.today) - $2::int RETURNING id) DELETE FROM expected WHERE id IN (SELECT id FROM d)"
+                    statement =
+                        "WITH d AS (DELETE FROM profile_metrics WHERE user_id = $1 AND metrics_date = \(Self.today) - $2::int RETURNING id) DELETE FROM expected WHERE id IN (SELECT id FROM d)"
                 case 1:
-                    statement = "WITH u AS (UPDATE profile_metrics SET bmr = bmr + 1 WHERE user_id = $1 AND metrics_date = \(Self.today) - $2::int RETURNING id) UPDATE expected SET bmr = bmr + 1 WHERE id IN (SELECT id FROM u)"
+                    statement =
+                        "WITH u AS (UPDATE profile_metrics SET bmr = bmr + 1 WHERE user_id = $1 AND metrics_date = \(Self.today) - $2::int RETURNING id) UPDATE expected SET bmr = bmr + 1 WHERE id IN (SELECT id FROM u)"
                 default:
                     statement = """
                         WITH i AS (INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at)
@@ -387,7 +437,8 @@ import Testing
                 if repeatable { try connection.execute("COMMIT") }
                 writes += 1
                 if writes == 20 {
-                    try connection.execute("DELETE FROM users WHERE id = \(users); DELETE FROM expected WHERE user_id = \(users)")
+                    try connection.execute(
+                        "DELETE FROM users WHERE id = \(users); DELETE FROM expected WHERE user_id = \(users)")
                 }
                 usleep(5000)
             }
@@ -400,11 +451,13 @@ import Testing
         try await FaultDatabase(url: url, applicationName: "history-lock-sampler").withConnection { connection in
             var longest = 0.0
             while !stop.isSet {
-                let waited = try connection.query(
-                    """
-                    SELECT coalesce(max(extract(epoch FROM clock_timestamp() - waitstart)), 0)::float8 FROM pg_locks
-                    WHERE NOT granted AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())
-                    """).string(0, 0).flatMap(Double.init) ?? 0
+                let waited =
+                    try connection.query(
+                        """
+                        SELECT coalesce(max(extract(epoch FROM clock_timestamp() - waitstart)), 0)::float8 FROM pg_locks
+                        WHERE NOT granted AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())
+                        """
+                    ).string(0, 0).flatMap(Double.init) ?? 0
                 longest = max(longest, waited)
                 usleep(20_000)
             }

@@ -23,14 +23,21 @@ import Testing
         FROM users u CROSS JOIN LATERAL (\(firstEntry(of: "u.id"))) f
         WHERE f.id IS NOT NULL
         """
-    static let keptRows = "SELECT string_agg(user_id || '|' || metrics_id, ';' ORDER BY user_id) FROM profile_metrics_latest"
+    static let keptRows =
+        "SELECT string_agg(user_id || '|' || metrics_id, ';' ORDER BY user_id) FROM profile_metrics_latest"
 
     /// The plan reads `profile_metrics` only through the read index's parts, forwards: no scan of the table, no
     /// backward scan, no sort of a user's entries.
-    static func expectReadsTheIndexForwards(_ plan: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
-        let history = plan.split(separator: "\n").filter { $0.contains(" on profile_metrics_") && !$0.contains("profile_metrics_latest") }
+    static func expectReadsTheIndexForwards(
+        _ plan: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        let history = plan.split(separator: "\n").filter {
+            $0.contains(" on profile_metrics_") && !$0.contains("profile_metrics_latest")
+        }
         #expect(!history.isEmpty, "\(what) reads no history:\n\(plan)", sourceLocation: sourceLocation)
-        #expect(plan.contains("_user_computed_at_idx on profile_metrics_"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
+        #expect(
+            plan.contains("_user_computed_at_idx on profile_metrics_"), "\(what):\n\(plan)",
+            sourceLocation: sourceLocation)
         #expect(!plan.contains("Backward"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
         #expect(!plan.contains("Seq Scan on profile_metrics_"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
     }
@@ -69,19 +76,27 @@ import Testing
     @Test func everyNewestRowQueryReadsTheReadIndexForwards() async throws {
         try await withTestDatabase { database in
             try await database.execute(Self.seed)
-            let refresh = "SELECT n.id FROM unnest('{7,8,9}'::bigint[]) AS u(id) LEFT JOIN LATERAL metricsd_history_newest(u.id) n ON true"
+            let refresh =
+                "SELECT n.id FROM unnest('{7,8,9}'::bigint[]) AS u(id) LEFT JOIN LATERAL metricsd_history_newest(u.id) n ON true"
             Self.expectReadsTheIndexForwards(try await Self.plan(database, refresh), "the refresh")
-            Self.expectReadsTheIndexForwards(try await Self.plan(database, "SELECT * FROM metricsd_history_newest(42)"), "one user")
-            Self.expectReadsTheIndexForwards(try await Self.plan(database, Self.firstEntry(of: "7")), "a user's first entry")
+            Self.expectReadsTheIndexForwards(
+                try await Self.plan(database, "SELECT * FROM metricsd_history_newest(42)"), "one user")
+            Self.expectReadsTheIndexForwards(
+                try await Self.plan(database, Self.firstEntry(of: "7")), "a user's first entry")
             let monthAgo = try #require(try await database.value("SELECT (current_date - 30)::text"))
             let today = try #require(try await database.value("SELECT current_date::text"))
             let retention: [String?] = [nil, "1", "owner", "0", monthAgo, "500", "1", "30"]
-            let sweep: [String?] = [try await database.value("SELECT (now() - interval '30 minutes')::text"), "1", "5000", "5"]
-            let ahead: [String?] = [nil, nil, nil, nil, nil, nil, nil, nil, "{7,8}", "{22.5,23.5}", "{1500,1600}", "{2000,2100}",
-                                    "{\(today),\(today)}", "{2026-01-01T00:00:00Z,2026-01-01T00:00:00Z}", "1", "[]", "{}", "settings"]
+            let sweep: [String?] = [
+                try await database.value("SELECT (now() - interval '30 minutes')::text"), "1", "5000", "5",
+            ]
+            let ahead: [String?] = [
+                nil, nil, nil, nil, nil, nil, nil, nil, "{7,8}", "{22.5,23.5}", "{1500,1600}", "{2000,2100}",
+                "{\(today),\(today)}", "{2026-01-01T00:00:00Z,2026-01-01T00:00:00Z}", "1", "[]", "{}", "settings",
+            ]
             for generic in [false, true] {
                 let kind = generic ? " (generic plan)" : ""
-                let retentionPlan = try await Self.plan(database, SQL.retentionBatch, parameters: retention, generic: generic)
+                let retentionPlan = try await Self.plan(
+                    database, SQL.retentionBatch, parameters: retention, generic: generic)
                 Self.expectNewerRowCheck(retentionPlan, "retention's newer row\(kind)")
                 // The sweep's generic plan is never used: its estimate (a third of all users changed) costs more
                 // than the plans for the values given, which PostgreSQL then keeps using.
@@ -99,7 +114,9 @@ import Testing
     /// Retention's statement also reads a date's rows through the exactly-once key; its newer-row checks (the
     /// SubPlans) read the read index forwards.
     static func expectNewerRowCheck(_ plan: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
-        #expect(plan.contains("_user_computed_at_idx on profile_metrics_"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
+        #expect(
+            plan.contains("_user_computed_at_idx on profile_metrics_"), "\(what):\n\(plan)",
+            sourceLocation: sourceLocation)
         #expect(!plan.contains("Backward"), "\(what):\n\(plan)", sourceLocation: sourceLocation)
     }
 
@@ -127,22 +144,28 @@ import Testing
                 switch Int.random(in: 0..<8, using: &random) {
                 case 0, 1:
                     let minutes = Int.random(in: 0..<3, using: &random)
-                    sql = "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) "
+                    sql =
+                        "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) "
                         + "VALUES (\(user), 21.5, 1500, 2000, \(version), current_date + \(step % 90), "
                         + "date_trunc('hour', now()) + interval '1 minute' * \(minutes)) ON CONFLICT DO NOTHING"
                 case 2:
-                    sql = "UPDATE profile_metrics SET computed_at = computed_at + interval '\(Int.random(in: -90...90, using: &random)) hours' "
+                    sql =
+                        "UPDATE profile_metrics SET computed_at = computed_at + interval '\(Int.random(in: -90...90, using: &random)) hours' "
                         + "WHERE id = (SELECT id FROM profile_metrics WHERE user_id = \(user) ORDER BY (id * 2654435761) % 101 LIMIT 1)"
                 case 3:
-                    sql = "DELETE FROM profile_metrics WHERE id = (SELECT metrics_id FROM profile_metrics_latest WHERE user_id = \(user))"
+                    sql =
+                        "DELETE FROM profile_metrics WHERE id = (SELECT metrics_id FROM profile_metrics_latest WHERE user_id = \(user))"
                 case 4:
-                    sql = "DELETE FROM profile_metrics WHERE id = (SELECT min(id) FROM profile_metrics WHERE user_id = \(user))"
+                    sql =
+                        "DELETE FROM profile_metrics WHERE id = (SELECT min(id) FROM profile_metrics WHERE user_id = \(user))"
                 case 5:
                     version += 1
-                    sql = "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) "
+                    sql =
+                        "INSERT INTO profile_metrics (user_id, bmi, bmr, tdee, version, metrics_date, computed_at) "
                         + "SELECT id, 23.0, 1600, 2100, \(version), current_date, now() FROM users WHERE id % 3 <> \(step % 3)"
                 case 6:
-                    sql = "UPDATE profile_metrics SET computed_at = computed_at - interval '1 day' "
+                    sql =
+                        "UPDATE profile_metrics SET computed_at = computed_at - interval '1 day' "
                         + "WHERE user_id % 7 = \(user % 7) AND version = \(version)"
                 default:
                     sql = "UPDATE profile_metrics SET bmr = bmr + 1 WHERE user_id = \(user)"

@@ -1,10 +1,10 @@
-import MetricsdWork
-import MetricsdReads
 import Foundation
-import MetricsdTestSupport
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdTestSupport
+import MetricsdWork
 import Synchronization
 import Testing
 
@@ -129,7 +129,9 @@ import Testing
             let left = Int(try await database.value("SELECT count(*) FROM profile_metrics") ?? "") ?? 0
             #expect(removed == total - left)
             #expect(try await database.value("SELECT state FROM retention_runs") == "done")
-            #expect(try await database.value("SELECT sum(rows_removed) FROM work_chunks WHERE kind = 'retention'") == String(removed))
+            #expect(
+                try await database.value("SELECT sum(rows_removed) FROM work_chunks WHERE kind = 'retention'")
+                    == String(removed))
             // Every user who had metrics still has them; the newest row of each is the one it was.
             #expect(try await database.value("SELECT count(DISTINCT user_id) FROM profile_metrics") == "43")
             // A second run right away has nothing to do: none is created until the cutoff moves an hour.
@@ -161,8 +163,12 @@ import Testing
             await #expect(throws: (any Error).self) { try await doomed.process(chunk, now: Self.now) }
             // Two batches committed (a batch of 7 rows leaves its last user to the next: users 1-6, then 7-12);
             // the third rolled back.
-            #expect(try await database.value("SELECT cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)]) == "12")
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2025-12-01'") == "31")
+            #expect(
+                try await database.value("SELECT cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)])
+                    == "12")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2025-12-01'")
+                    == "31")
 
             let peer = Self.queue(database, owner: "peer")
             if case .retention(let early)? = try await peer.claimWork(now: Self.at(10)) {
@@ -170,7 +176,8 @@ import Testing
                 try await peer.release(early, now: Self.at(10))
             }
             _ = try await Self.drain(peer, now: Self.at(61))
-            #expect(try await database.value("SELECT attempts FROM work_chunks WHERE id = $1", [String(chunk.id)]) == "2")
+            #expect(
+                try await database.value("SELECT attempts FROM work_chunks WHERE id = $1", [String(chunk.id)]) == "2")
             #expect(try await Self.remaining(database) == (try await Self.expectedRemaining(database)))
             #expect(try await database.value("SELECT state FROM retention_runs") == "done")
         }
@@ -200,8 +207,10 @@ import Testing
             let removed = try await removedA + (try await removedB)
             #expect(try await Self.remaining(database) == (try await Self.expectedRemaining(database)))
             #expect(try await database.value("SELECT sum(rows_removed) FROM work_chunks") == String(removed))
-            #expect(try await database.value("SELECT count(*) FROM work_chunks WHERE attempts <> 1 OR state <> 'done'") == "0",
-                    "every chunk was claimed once and finished")
+            #expect(
+                try await database.value("SELECT count(*) FROM work_chunks WHERE attempts <> 1 OR state <> 'done'")
+                    == "0",
+                "every chunk was claimed once and finished")
             #expect(try await database.value("SELECT count(DISTINCT lease_owner) FROM work_chunks") == "2")
             #expect(try await database.value("SELECT state FROM retention_runs") == "done")
         }
@@ -281,7 +290,9 @@ import Testing
             dailyDone.set()
             _ = try await removal
             #expect(waited < .seconds(15), "the daily unit waited \(waited) for the removal's transaction")
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2026-03-03'") == "44")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2026-03-03'")
+                    == "44")
         }
     }
 
@@ -301,7 +312,10 @@ import Testing
             let progress = try await queue.process(chunk, now: dueNow)
             #expect(progress.end == .yielded)
             #expect(progress.batches == 1)
-            #expect(try await database.value("SELECT state || ' ' || cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)]) == "pending 6")
+            #expect(
+                try await database.value(
+                    "SELECT state || ' ' || cursor_user_id FROM work_chunks WHERE id = $1", [String(chunk.id)])
+                    == "pending 6")
             guard case .users(let next)? = try await queue.claimWork(now: dueNow) else {
                 Issue.record("the daily chunk was not claimed first")
                 return
@@ -322,7 +336,9 @@ import Testing
             let first = try #require(try await queue.enqueueRetention(days: Self.days, now: Self.now))
             #expect(try await queue.enqueueRetention(days: Self.days, now: Self.at(7200)) == nil, "one run at a time")
             _ = try await Self.drain(queue, now: Self.now)
-            #expect(try await queue.enqueueRetention(days: Self.days, now: Self.at(1800)) == nil, "the cutoff moved 30 minutes")
+            #expect(
+                try await queue.enqueueRetention(days: Self.days, now: Self.at(1800)) == nil,
+                "the cutoff moved 30 minutes")
             let second = try #require(try await queue.enqueueRetention(days: Self.days, now: Self.at(7200)))
             #expect(!second.fullPass)
             #expect(second.dates == LocalDate(iso: "2026-01-29")!...LocalDate(iso: "2026-02-01")!)
@@ -334,7 +350,10 @@ import Testing
             #expect(third.dates?.lowerBound == LocalDate(iso: "2025-12-10"), "the oldest row left is user 41's newest")
             _ = try await Self.drain(queue, now: weekLater)
             // A week on, user 43's 2025-12-10 row has a newer row more than three days old: it goes now.
-            #expect(try await database.value("SELECT string_agg(metrics_date::text, ',') FROM profile_metrics WHERE user_id = 43") == "2026-03-01")
+            #expect(
+                try await database.value(
+                    "SELECT string_agg(metrics_date::text, ',') FROM profile_metrics WHERE user_id = 43")
+                    == "2026-03-01")
             let status = try await StatusQueries(pool: database.pool).retention(days: Self.days, now: weekLater)
             #expect(status.latest?.id == third.id)
             #expect(status.latest?.state == "done")

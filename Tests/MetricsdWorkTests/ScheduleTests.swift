@@ -1,9 +1,9 @@
-import MetricsdWork
-import MetricsdTestSupport
 import Foundation
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 /// When daily units fall due, decided by PostgreSQL's clock and tz rules with an injected "now".
@@ -22,7 +22,8 @@ import Testing
     }
 
     static let fixture: DSTFixture = {
-        let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures/dst-cases.json")
+        let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+            "Fixtures/dst-cases.json")
         return try! JSONDecoder().decode(DSTFixture.self, from: Data(contentsOf: url))
     }()
 
@@ -37,7 +38,8 @@ import Testing
             let before = Date().timeIntervalSince1970
             let clock = try await Self.queue(database).databaseClock()
             let after = Date().timeIntervalSince1970
-            #expect(clock.now >= before - 0.5 && clock.now <= after + 0.5, "\(clock.now) not within [\(before), \(after)]")
+            #expect(
+                clock.now >= before - 0.5 && clock.now <= after + 0.5, "\(clock.now) not within [\(before), \(after)]")
             #expect(abs(clock.offset) < 0.5, "offset \(clock.offset) s from a server on this host")
         }
     }
@@ -46,7 +48,8 @@ import Testing
         let header = try String(contentsOfFile: "/usr/share/zoneinfo/tzdata.zi", encoding: .utf8).prefix(40)
         #expect(
             header.hasPrefix("# version \(Self.fixture.tzdata)"),
-            "the DST cases were generated from tzdata \(Self.fixture.tzdata) but the system has \(header.split(separator: "\n").first ?? ""): run scripts/gen-dst-cases")
+            "the DST cases were generated from tzdata \(Self.fixture.tzdata) but the system has \(header.split(separator: "\n").first ?? ""): run scripts/gen-dst-cases"
+        )
         let kinds = Dictionary(grouping: Self.fixture.cases, by: \.kind).mapValues(\.count)
         #expect((kinds["gap"] ?? 0) >= 15)
         #expect((kinds["overlap"] ?? 0) >= 3)
@@ -60,7 +63,8 @@ import Testing
         let cases = Self.fixture.cases.sorted { $0.dueAt < $1.dueAt }
         let zones = Array(Set(cases.map(\.zone))).sorted()
         try await withTestDatabase(poolSize: 2) { database in
-            try await database.seed(zones.enumerated().map { SeedUser.valid(Int64($0.offset + 1), timezone: $0.element) })
+            try await database.seed(
+                zones.enumerated().map { SeedUser.valid(Int64($0.offset + 1), timezone: $0.element) })
             let queue = Self.queue(database)
             let status = StatusQueries(pool: database.pool)
             // Cases sharing an instant (a zone and its alias) meet the same clock readings.
@@ -81,8 +85,12 @@ import Testing
                 for dstCase in group {
                     let date = try #require(LocalDate(iso: dstCase.date))
                     let name = dstCase.testDescription
-                    #expect(!early.contains { $0.timezone == dstCase.zone && $0.localDate == date }, "\(name): created a minute early")
-                    #expect(onTime.filter { $0.timezone == dstCase.zone }.map(\.localDate) == [date], "\(name): not created at \(due)")
+                    #expect(
+                        !early.contains { $0.timezone == dstCase.zone && $0.localDate == date },
+                        "\(name): created a minute early")
+                    #expect(
+                        onTime.filter { $0.timezone == dstCase.zone }.map(\.localDate) == [date],
+                        "\(name): not created at \(due)")
                     #expect(!second.contains { $0.timezone == dstCase.zone }, "\(name): a second unit an hour later")
                     let stamp = try await database.value(
                         """
@@ -96,8 +104,10 @@ import Testing
                     #expect(zone?.dueDate == date, "\(name): status due date")
                 }
             }
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
         }
     }
 
@@ -150,9 +160,13 @@ import Testing
         zones: [String], from startText: String, to endText: String, checking dates: (String, String)
     ) async throws -> Int {
         try await withTestDatabase(poolSize: 2) { database in
-            try await database.seed(zones.enumerated().flatMap { index, zone in
-                [SeedUser.valid(Int64(2 * index + 1), timezone: zone), SeedUser.valid(Int64(2 * index + 2), timezone: zone)]
-            })
+            try await database.seed(
+                zones.enumerated().flatMap { index, zone in
+                    [
+                        SeedUser.valid(Int64(2 * index + 1), timezone: zone),
+                        SeedUser.valid(Int64(2 * index + 2), timezone: zone),
+                    ]
+                })
             let queue = Self.queue(database)
             let start = try #require(Timestamp(iso8601: startText)).millisecondsSinceEpoch
             let end = try #require(Timestamp(iso8601: endText)).millisecondsSinceEpoch
@@ -168,8 +182,10 @@ import Testing
                 minute += 60_000
             }
             // Exactly one row per (user, date, version).
-            #expect(try await database.value(
-                "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d") == "0")
+            #expect(
+                try await database.value(
+                    "SELECT count(*) FROM (SELECT 1 FROM profile_metrics GROUP BY user_id, metrics_date, version HAVING count(*) > 1) d"
+                ) == "0")
             // Every user has a row for every local date whose 00:05 fell inside the stretch.
             let missing = try await database.rows(
                 """
@@ -218,10 +234,12 @@ import Testing
             // Two days later at 09:00 Tokyo.
             let later = try await Self.enqueued(queue, "2026-06-12T00:00:00Z")
             try await Self.runAll(queue, now: later)
-            #expect(try await database.rows("SELECT local_date::text, state FROM daily_units ORDER BY 1") == [
-                ["2026-06-10", "superseded"], ["2026-06-12", "done"],
-            ])
-            #expect(try await database.rows("SELECT DISTINCT metrics_date::text FROM profile_metrics") == [["2026-06-12"]])
+            #expect(
+                try await database.rows("SELECT local_date::text, state FROM daily_units ORDER BY 1") == [
+                    ["2026-06-10", "superseded"], ["2026-06-12", "done"],
+                ])
+            #expect(
+                try await database.rows("SELECT DISTINCT metrics_date::text FROM profile_metrics") == [["2026-06-12"]])
         }
     }
 
@@ -238,9 +256,12 @@ import Testing
             try await Self.runAll(queue, now: at0003)
             let at0005 = try await Self.enqueued(queue, "2026-06-10T00:05:00Z")
             try await Self.runAll(queue, now: at0005)
-            #expect(try await database.rows("SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD HH24:MI') FROM profile_metrics ORDER BY 1") == [
-                ["2026-06-08", "06-08 00:05"], ["2026-06-09", "06-10 00:03"], ["2026-06-10", "06-10 00:05"],
-            ])
+            #expect(
+                try await database.rows(
+                    "SELECT metrics_date::text, to_char(computed_at AT TIME ZONE 'UTC', 'MM-DD HH24:MI') FROM profile_metrics ORDER BY 1"
+                ) == [
+                    ["2026-06-08", "06-08 00:05"], ["2026-06-09", "06-10 00:03"], ["2026-06-10", "06-10 00:05"],
+                ])
         }
     }
 
@@ -254,11 +275,12 @@ import Testing
             try await Self.runAll(queue, now: try await Self.enqueued(queue, "2026-06-10T12:00:00Z"))
             #expect(try await database.rows("SELECT user_id::text FROM profile_metrics") == [["2"]])
             let skips = try await database.rows("SELECT user_id::text, reasons FROM metrics_skips ORDER BY 1")
-            #expect(skips == [
-                ["1", "timezone 'Mars/Olympus_Mons' is not a time zone the database knows"],
-                ["3", "timezone 'PST' is not a time zone the database knows"],
-                ["4", "timezone 'UTC+3' is not a time zone the database knows"],
-            ])
+            #expect(
+                skips == [
+                    ["1", "timezone 'Mars/Olympus_Mons' is not a time zone the database knows"],
+                    ["3", "timezone 'PST' is not a time zone the database knows"],
+                    ["4", "timezone 'UTC+3' is not a time zone the database knows"],
+                ])
         }
     }
 

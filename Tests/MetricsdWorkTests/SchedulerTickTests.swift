@@ -1,5 +1,6 @@
-@testable import MetricsdWork
 import Testing
+
+@testable import MetricsdWork
 
 /// When the scheduler's minute ticks fire: aligned to the database clock's minutes (a tenth of a second after
 /// each), so a unit starts right after it falls due on the database's clock, whatever this host's clock says.
@@ -20,9 +21,13 @@ import Testing
 
     @Test func alignedToTheDatabasesMinutePlusATenth() {
         #expect(self.close(self.untilNext(wall: 30, offset: 0), 30.1))
-        #expect(self.close(self.untilNext(wall: 30, offset: 2.5), 27.6), "the database 2.5 s ahead: its minute comes sooner")
+        #expect(
+            self.close(self.untilNext(wall: 30, offset: 2.5), 27.6), "the database 2.5 s ahead: its minute comes sooner"
+        )
         #expect(self.close(self.untilNext(wall: 30, offset: -0.7), 30.8), "the database 0.7 s behind")
-        #expect(self.close(self.untilNext(wall: 59.95, offset: 0), 0.15), "a tick just before the minute: the next one right after it")
+        #expect(
+            self.close(self.untilNext(wall: 59.95, offset: 0), 0.15),
+            "a tick just before the minute: the next one right after it")
     }
 
     /// A tick that is already past the database's minute (it covered it) skips the aligned instant a hair away;
@@ -35,7 +40,8 @@ import Testing
 
     @Test func longerAndShorterIntervals() {
         #expect(self.close(self.untilNext(wall: 30, offset: 0, interval: .seconds(120)), 90.1))
-        #expect(self.close(self.untilNext(wall: 30, offset: 5, interval: .seconds(5)), 5), "not whole minutes: not aligned")
+        #expect(
+            self.close(self.untilNext(wall: 30, offset: 5, interval: .seconds(5)), 5), "not whole minutes: not aligned")
         #expect(self.close(self.untilNext(wall: 30, offset: 0, interval: .milliseconds(200)), 0.2))
     }
 }

@@ -1,8 +1,8 @@
-import MetricsdWork
-import MetricsdTestSupport
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdTestSupport
+import MetricsdWork
 import Testing
 
 @Suite struct WorkQueueTests {
@@ -10,7 +10,8 @@ import Testing
         var configuration = WorkQueue.Configuration()
         configuration.batchSize = 7
         configuration.chunkSize = 20
-        return WorkQueue(pool: database.pool, formula: formula, owner: owner, configuration: configuration, logger: database.logger)
+        return WorkQueue(
+            pool: database.pool, formula: formula, owner: owner, configuration: configuration, logger: database.logger)
     }
 
     @Test func dailyUnitComputesEveryValidUserOnce() async throws {
@@ -32,9 +33,13 @@ import Testing
             #expect(processed == 50)
             let finished = try await queue.finishCompleted(now: now)
             #expect(finished.count == 1)
-            #expect(try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2025-10-29'") == "48")
+            #expect(
+                try await database.value("SELECT count(*) FROM profile_metrics WHERE metrics_date = '2025-10-29'")
+                    == "48")
             #expect(try await database.value("SELECT count(*) FROM metrics_skips") == "2")
-            #expect(try await database.value("SELECT reasons FROM metrics_skips WHERE user_id = 4") == "height 72 cm is outside 100–250 cm")
+            #expect(
+                try await database.value("SELECT reasons FROM metrics_skips WHERE user_id = 4")
+                    == "height 72 cm is outside 100–250 cm")
             #expect(try await database.value("SELECT state FROM daily_units") == "done")
             // A second run of the day does nothing.
             #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).isEmpty)
@@ -50,7 +55,8 @@ import Testing
             let now = Timestamp(iso8601: "2025-10-28T18:25:00Z")!  // 00:10 on 10-29 in Kathmandu (+05:45)
             #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).count == 1)
             try await database.seed([SeedUser.valid(11, timezone: "UTC")])  // due too: 18:25 UTC is past 00:05
-            try await database.execute("INSERT INTO metricsd_migrations (name, checksum) VALUES ('9999_newer.sql', 'newer')")
+            try await database.execute(
+                "INSERT INTO metricsd_migrations (name, checksum) VALUES ('9999_newer.sql', 'newer')")
 
             #expect(try await queue.claim(now: now) == nil)
             #expect(try await queue.enqueueDueUnits(dailyAt: .default, now: now).isEmpty)
@@ -81,7 +87,10 @@ import Testing
             }
             _ = try await a.enqueueDueUnits(dailyAt: .default, now: now)
             // 00:05 in Kathmandu on 10-29 is 18:20 UTC on 10-28.
-            #expect(try await database.value("SELECT to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM daily_units") == "2025-10-28 18:20:00")
+            #expect(
+                try await database.value(
+                    "SELECT to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM daily_units")
+                    == "2025-10-28 18:20:00")
 
             let first = try #require(try await a.claim(now: now))
             #expect(first.takenOverFrom == nil)
@@ -106,7 +115,8 @@ import Testing
             #expect(
                 finished == [
                     .unit(
-                        timezone: "Asia/Kathmandu", localDate: LocalDate(iso: "2025-10-29")!, version: 1, counts: counts,
+                        timezone: "Asia/Kathmandu", localDate: LocalDate(iso: "2025-10-29")!, version: 1,
+                        counts: counts,
                         seconds: 400, delaySeconds: 700)
                 ])
         }

@@ -1,14 +1,15 @@
+import ArgumentParser
+import Glibc
 import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdSystemd
-import ArgumentParser
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
-import Glibc
 
 /// What metricsd does before ArgumentParser sees the arguments: with `serve` as the default command, an unknown
 /// command would be parsed as an argument of `serve` and answered with serve's usage; and help gets the
@@ -30,7 +31,9 @@ enum ArgumentPreflight {
         (CheckConfig.self, nil),
     ]
 
-    static let databaseSettings = ["DATABASE_URL", "METRICSD_DB_PASSWORD_FILE", "METRICSD_ENV_FILE", "METRICSD_CREDSTORE"]
+    static let databaseSettings = [
+        "DATABASE_URL", "METRICSD_DB_PASSWORD_FILE", "METRICSD_ENV_FILE", "METRICSD_CREDSTORE",
+    ]
 
     static func name(_ type: any ParsableCommand.Type) -> String {
         type.configuration.commandName ?? String(describing: type).lowercased()
@@ -68,7 +71,8 @@ enum ArgumentPreflight {
             text = MetricsdCommand.helpMessage(for: command.type, columns: width)
             while text.hasSuffix("\n") { text.removeLast() }
             text += "\n\n"
-            text += command.environment.map { Documentation.commandEnvironmentHelp($0, width: width) }
+            text +=
+                command.environment.map { Documentation.commandEnvironmentHelp($0, width: width) }
                 ?? Documentation.environmentHelp(width: width)
         } else {
             text = MetricsdCommand.helpMessage(columns: width)
@@ -98,7 +102,8 @@ enum ArgumentPreflight {
     static func wholeNumber(_ text: String, option: String, range: ClosedRange<Int>) throws -> Int {
         guard let value = Int(text), range.contains(value) else {
             throw ValidationError(
-                "\(option) must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(text.isEmpty ? "nothing" : text)")
+                "\(option) must be a whole number from \(range.lowerBound) to \(range.upperBound), got \(text.isEmpty ? "nothing" : text)"
+            )
         }
         return value
     }
@@ -107,7 +112,8 @@ enum ArgumentPreflight {
     static func seconds(_ text: String, option: String, range: ClosedRange<Double>) throws -> Double {
         guard let value = Double(text), value.isFinite, range.contains(value) else {
             throw ValidationError(
-                "\(option) must be a number of seconds from \(Self.plain(range.lowerBound)) to \(Self.plain(range.upperBound)), got \(text.isEmpty ? "nothing" : text)")
+                "\(option) must be a number of seconds from \(Self.plain(range.lowerBound)) to \(Self.plain(range.upperBound)), got \(text.isEmpty ? "nothing" : text)"
+            )
         }
         return value
     }

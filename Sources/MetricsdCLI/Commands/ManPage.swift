@@ -1,11 +1,12 @@
+import ArgumentParser
 import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
-import ArgumentParser
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// `metricsd(8)` in roff, from ArgumentParser's help for each command and the settings table
@@ -31,7 +32,8 @@ enum ManPage {
             roff.append(Documentation.roff(command.type.configuration.abstract))
             let help = MetricsdCommand.helpMessage(for: command.type, columns: 78)
             // Usage and options; the overview is the abstract above.
-            let body = help.components(separatedBy: "\n\n").filter { !$0.hasPrefix("OVERVIEW:") }.joined(separator: "\n\n")
+            let body = help.components(separatedBy: "\n\n").filter { !$0.hasPrefix("OVERVIEW:") }.joined(
+                separator: "\n\n")
             roff.append(".PP")
             roff.append(".nf")
             roff += body.split(separator: "\n", omittingEmptySubsequences: false).map { Documentation.roff(String($0)) }
@@ -40,10 +42,16 @@ enum ManPage {
         roff.append(Documentation.manSections())
         roff.append(".SH EXAMPLES")
         let examples: [(String, String)] = [
-            ("sudo metricsd check-config", "Check the settings, credentials, listeners, database and schema the service would use."),
+            (
+                "sudo metricsd check-config",
+                "Check the settings, credentials, listeners, database and schema the service would use."
+            ),
             ("sudo metricsd migrate", "Apply pending database migrations (safe while other instances run it)."),
             ("sudo metricsd status", "Schema, instances, today's work per time zone, skips and recompute jobs."),
-            ("sudo metricsd recompute-all --wait", "Recompute every user's metrics with this build's formulas and follow the job."),
+            (
+                "sudo metricsd recompute-all --wait",
+                "Recompute every user's metrics with this build's formulas and follow the job."
+            ),
             ("metricsd skipped --limit 20", "The 20 most recent users who got no metrics, and why."),
             ("metricsd healthcheck", "Exit 0 when the local daemon (METRICSD_LISTEN) is ready."),
             ("journalctl -u metricsd USER_ID=42", "The log lines about one user's requests."),

@@ -1,14 +1,15 @@
+import ArgumentParser
+import Glibc
 import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
 import MetricsdSystemd
-import ArgumentParser
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
-import Glibc
 
 /// `metricsd`: the root command; the executable calls ``main()``.
 public struct MetricsdCommand: AsyncParsableCommand {

@@ -1,13 +1,14 @@
-import MetricsdConfiguration
 import ArgumentParser
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
+import MetricsdConfiguration
 import MetricsdHTTP
 import MetricsdSystemd
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `metricsd refresh-credentials`: the unit's `ExecReload=+…` (as root, outside the sandbox), before the `SIGHUP`.
 ///
@@ -23,12 +24,15 @@ import MetricsdSystemd
 struct RefreshCredentials: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "refresh-credentials",
-        abstract: "Before a reload: copy a renewed TLS certificate and key from /etc/credstore for the running service.",
+        abstract:
+            "Before a reload: copy a renewed TLS certificate and key from /etc/credstore for the running service.",
         shouldDisplay: false)
 
     func run() throws {
         let environment = ProcessInfo.processInfo.environment
-        let store = environment["METRICSD_CREDSTORE"].flatMap { $0.isEmpty ? nil : $0 } ?? HostEnvironment.defaultCredentialStore
+        let store =
+            environment["METRICSD_CREDSTORE"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? HostEnvironment.defaultCredentialStore
         let ids = ["tls-certificate", "tls-key"]
         let sources = ids.map { store + "/metricsd-" + $0 }
         guard sources.contains(where: { FileManager.default.fileExists(atPath: $0) }) else {
@@ -51,7 +55,8 @@ struct RefreshCredentials: ParsableCommand {
                 StandardError.write("metricsd: refresh-credentials: warning: \(warning)\n")
             }
             print(
-                "refreshed tls-certificate (valid until \(ConfigCheck.date(certificate.notValidAfter)), \(certificate.key), serial \(certificate.serial)) and tls-key in \(target.path)")
+                "refreshed tls-certificate (valid until \(ConfigCheck.date(certificate.notValidAfter)), \(certificate.key), serial \(certificate.serial)) and tls-key in \(target.path)"
+            )
         } catch {
             StandardError.write("metricsd: refresh-credentials: \(error.message)\n")
             throw ExitCode(78)

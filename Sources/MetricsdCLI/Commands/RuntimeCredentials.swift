@@ -1,10 +1,11 @@
-import MetricsdConfiguration
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
+import MetricsdConfiguration
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `credentials/` in the service's runtime directory, written by root (`refresh-credentials`) for the service's
 /// user, without ever acting through a path that user could have replaced.
@@ -43,7 +44,9 @@ struct RuntimeCredentials {
         defer { close(directory) }
         var warnings: [String] = []
         for (name, text) in files {
-            if let replaced = try self.write(text + "\n", named: name, in: directory, owner: owner) { warnings.append(replaced) }
+            if let replaced = try self.write(text + "\n", named: name, in: directory, owner: owner) {
+                warnings.append(replaced)
+            }
         }
         return warnings
     }
@@ -53,7 +56,8 @@ struct RuntimeCredentials {
         let parentPath = HostEnvironment.directory(of: self.runtime)
         let parent = open(parentPath.isEmpty ? "." : parentPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard parent >= 0 else {
-            throw self.failure("\(self.runtime) does not exist: is metricsd running? (\(parentPath): \(Secrets.reason(errno)))")
+            throw self.failure(
+                "\(self.runtime) does not exist: is metricsd running? (\(parentPath): \(Secrets.reason(errno)))")
         }
         defer { close(parent) }
         var above = stat()
@@ -62,7 +66,8 @@ struct RuntimeCredentials {
         // could swap the runtime directory itself between the checks below and their use.
         if above.st_uid != 0 || (above.st_mode & 0o022 != 0 && above.st_mode & mode_t(S_ISVTX) == 0) {
             throw self.failure(
-                "\(parentPath), which holds the runtime directory \(self.runtime), can be changed by users other than root (owner uid \(above.st_uid), mode \(Self.octal(above.st_mode))): use a runtime directory under /run (RuntimeDirectory= in the unit)")
+                "\(parentPath), which holds the runtime directory \(self.runtime), can be changed by users other than root (owner uid \(above.st_uid), mode \(Self.octal(above.st_mode))): use a runtime directory under /run (RuntimeDirectory= in the unit)"
+            )
         }
         let name = String(self.runtime.split(separator: "/").last ?? "")
         let descriptor = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -71,9 +76,13 @@ struct RuntimeCredentials {
             switch code {
             case _ where Self.isLink(parent, name):
                 throw self.failure(
-                    "\(self.runtime) is a symbolic link\(Self.target(parent, name)), not the service's runtime directory: remove it (rm \(self.runtime)); systemd makes the runtime directory when metricsd starts")
+                    "\(self.runtime) is a symbolic link\(Self.target(parent, name)), not the service's runtime directory: remove it (rm \(self.runtime)); systemd makes the runtime directory when metricsd starts"
+                )
             case ENOENT: throw self.failure("\(self.runtime) does not exist: is metricsd running?")
-            case ENOTDIR: throw self.failure("\(self.runtime) is not a directory: remove it; systemd makes the runtime directory when metricsd starts")
+            case ENOTDIR:
+                throw self.failure(
+                    "\(self.runtime) is not a directory: remove it; systemd makes the runtime directory when metricsd starts"
+                )
             default: throw self.failure("cannot open \(self.runtime) (\(Secrets.reason(code)))")
             }
         }
@@ -82,12 +91,14 @@ struct RuntimeCredentials {
         if owner.st_mode & 0o022 != 0 {
             close(descriptor)
             throw self.failure(
-                "\(self.runtime) is writable by users other than its owner (mode \(Self.octal(owner.st_mode))): chmod go-w \(self.runtime) (RuntimeDirectoryMode= in the unit: 0755 or stricter)")
+                "\(self.runtime) is writable by users other than its owner (mode \(Self.octal(owner.st_mode))): chmod go-w \(self.runtime) (RuntimeDirectoryMode= in the unit: 0755 or stricter)"
+            )
         }
         if let pid = self.servicePID, let uid = Self.uid(ofProcess: pid), uid != owner.st_uid {
             close(descriptor)
             throw self.failure(
-                "\(self.runtime) belongs to uid \(owner.st_uid), but metricsd (pid \(pid)) runs as uid \(uid): the runtime directory must be the service's own (RuntimeDirectory= in the unit; a restart makes it anew)")
+                "\(self.runtime) belongs to uid \(owner.st_uid), but metricsd (pid \(pid)) runs as uid \(uid): the runtime directory must be the service's own (RuntimeDirectory= in the unit; a restart makes it anew)"
+            )
         }
         return (descriptor, owner)
     }
@@ -104,7 +115,8 @@ struct RuntimeCredentials {
             switch code {
             case _ where Self.isLink(runtime, "credentials"):
                 throw self.failure(
-                    "\(self.path) is a symbolic link\(Self.target(runtime, "credentials")), not a directory: remove it (rm \(self.path)) and reload again; refresh-credentials makes the directory itself")
+                    "\(self.path) is a symbolic link\(Self.target(runtime, "credentials")), not a directory: remove it (rm \(self.path)) and reload again; refresh-credentials makes the directory itself"
+                )
             case ENOTDIR:
                 throw self.failure("\(self.path) is not a directory: remove it (rm \(self.path)) and reload again")
             default:
@@ -116,7 +128,8 @@ struct RuntimeCredentials {
         guard found.st_uid == owner.st_uid || found.st_uid == 0 else {
             close(descriptor)
             throw self.failure(
-                "\(self.path) belongs to uid \(found.st_uid), neither the service's user (uid \(owner.st_uid)) nor root: remove it (rm -r \(self.path)) and reload again")
+                "\(self.path) belongs to uid \(found.st_uid), neither the service's user (uid \(owner.st_uid)) nor root: remove it (rm -r \(self.path)) and reload again"
+            )
         }
         guard fchown(descriptor, owner.st_uid, owner.st_gid) == 0, fchmod(descriptor, 0o700) == 0 else {
             let reason = Secrets.reason(errno)
@@ -129,7 +142,9 @@ struct RuntimeCredentials {
     /// Writes `text` as `name` in `directory`: a new file `name.new` (never an existing one, never through a link),
     /// owned by `owner`, mode 0400, renamed over `name`.
     /// - Returns: a warning when `name` was not a plain file before (a link is replaced, not written through).
-    private func write(_ text: String, named name: String, in directory: Int32, owner: stat) throws(ConfigurationError) -> String? {
+    private func write(_ text: String, named name: String, in directory: Int32, owner: stat) throws(ConfigurationError)
+        -> String?
+    {
         let path = self.path + "/" + name
         let temporary = name + ".new"
         var before = stat()
@@ -151,7 +166,9 @@ struct RuntimeCredentials {
             guard count > 0 else { break }
             written += count
         }
-        let done = written == bytes.count && fchown(descriptor, owner.st_uid, owner.st_gid) == 0 && fchmod(descriptor, 0o400) == 0
+        let done =
+            written == bytes.count && fchown(descriptor, owner.st_uid, owner.st_gid) == 0
+            && fchmod(descriptor, 0o400) == 0
         let reason = Secrets.reason(errno)
         close(descriptor)
         guard done, renameat(directory, temporary, directory, name) == 0 else {

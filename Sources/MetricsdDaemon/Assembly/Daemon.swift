@@ -1,21 +1,22 @@
-import MetricsdConfiguration
-import MetricsdWork
-import MetricsdReads
 import CoreMetrics
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import HealthMetrics
 import Logging
+import MetricsdConfiguration
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
 import MetricsdSystemd
+import MetricsdWork
 import NIOCore
 import Prometheus
 import ServiceLifecycle
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `metricsd serve`: start-up in systemd's order, the services, reload and shutdown (README, "systemd").
 ///
@@ -39,7 +40,9 @@ public enum Daemon {
             environment = try ConfigFile.merge(into: host.environment)
             configuration = try Configuration(environment: environment)
         } catch {
-            return Self.fatal("configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
+            return Self.fatal(
+                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early,
+                logger: earlyLogger)
         }
         let readServers: [ConnectionSettings.ReadServer]
         do {
@@ -47,7 +50,8 @@ public enum Daemon {
             _ = try configuration.notifySettings(environment: environment)  // refused here, used by the assembly
         } catch {
             return Self.fatal(
-                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
+                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early,
+                logger: earlyLogger)
         }
         // The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor.
         let activation: SocketActivation
@@ -55,13 +59,15 @@ public enum Daemon {
             activation = try SocketActivation.fromEnvironment()
         } catch {
             return Self.fatal(
-                "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF, notifier: early,
+                "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF,
+                notifier: early,
                 logger: earlyLogger)
         }
         // METRICSD_TLS must name listeners that exist, systemd's sockets included: never TLS nowhere, silently.
         if let problem = configuration.tlsListenerProblem(internalFromSystemd: !activation.internalSockets.isEmpty) {
             return Self.fatal(
-                "configuration error: \(problem)", code: problem.errorCode, errno: EINVAL, notifier: early, logger: earlyLogger)
+                "configuration error: \(problem)", code: problem.errorCode, errno: EINVAL, notifier: early,
+                logger: earlyLogger)
         }
         // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
         let budget = DescriptorBudget(
@@ -75,24 +81,29 @@ public enum Daemon {
         }
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
-            LogSetup.makeHandler(label: label, format: configuration.logFormat, level: levelBox, environment: environment)
+            LogSetup.makeHandler(
+                label: label, format: configuration.logFormat, level: levelBox, environment: environment)
         }
         let logger = Logger(label: "metricsd")
         let notifier = SystemdNotifier(logger: logger)  // logs the first failed send
         logger.debug(
             "Open-file limit",
-            metadata: ["metricsd.descriptors.needed": "\(budget.total)", "metricsd.descriptors.limit": "\(descriptors.soft)"])
+            metadata: [
+                "metricsd.descriptors.needed": "\(budget.total)", "metricsd.descriptors.limit": "\(descriptors.soft)",
+            ])
         let exposed = SecretExposure.warnings(
             environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
             underSystemd: host.underSystemd)
         for warning in exposed {
-            logger.warning("Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
+            logger.warning(
+                "Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
         }
         if let warning = Configuration.trustedProxiesWarning(configuration.trustedProxies) {
             logger.warning("Trusted proxies: \(warning)", metadata: ["metricsd.setting": "METRICSD_TRUSTED_PROXIES"])
         }
         for name in UnknownSettings.names(in: environment) {
-            logger.warning("Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
+            logger.warning(
+                "Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
         }
         // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
         let fatalLogger: Logger? =
@@ -107,7 +118,8 @@ public enum Daemon {
             settings = try configuration.connectionSettings(environment: environment)
         } catch {
             return Self.fatal(
-                "configuration error: \(error)", code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.invalidValue.rawValue,
+                "configuration error: \(error)",
+                code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.invalidValue.rawValue,
                 errno: EINVAL, notifier: notifier, logger: fatalLogger)
         }
         let pool = PostgresPool(
@@ -136,7 +148,8 @@ public enum Daemon {
             logger.info(
                 "Listening sockets from systemd",
                 metadata: [
-                    "metricsd.socket.public": "\(Self.describe(activation.publicSockets, otherwise: "none: binds METRICSD_LISTEN"))",
+                    "metricsd.socket.public":
+                        "\(Self.describe(activation.publicSockets, otherwise: "none: binds METRICSD_LISTEN"))",
                     "metricsd.socket.internal": "\(Self.describe(activation.internalSockets, otherwise: "none"))",
                 ])
         }
@@ -168,7 +181,8 @@ public enum Daemon {
             code = 0
         } catch {
             let failure = Self.startupError(error, listen: configuration.listen)
-            code = Self.fatal(failure.message, code: failure.errorCode, errno: failure.errno, notifier: notifier, logger: fatalLogger)
+            code = Self.fatal(
+                failure.message, code: failure.errorCode, errno: failure.errno, notifier: notifier, logger: fatalLogger)
         }
         await replicas?.close()
         await pool.close()
@@ -178,14 +192,17 @@ public enum Daemon {
     /// `descriptor 3`, `descriptors 3, 4`, or `otherwise` when there are none.
     static func describe(_ descriptors: [Int32], otherwise: String) -> String {
         guard !descriptors.isEmpty else { return otherwise }
-        return (descriptors.count == 1 ? "descriptor " : "descriptors ") + descriptors.map(String.init).joined(separator: ", ")
+        return (descriptors.count == 1 ? "descriptor " : "descriptors ")
+            + descriptors.map(String.init).joined(separator: ", ")
     }
 
     // MARK: Errors
 
     /// One line on stderr ending in the code, `STATUS=`/`ERRNO=` to systemd, a critical log record with the
     /// code as `metricsd.error.code` (when the log is not that same stderr), exit code 1.
-    static func fatal(_ message: String, code: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil) -> Int32 {
+    static func fatal(_ message: String, code: String, errno: Int32, notifier: SystemdNotifier, logger: Logger? = nil)
+        -> Int32
+    {
         logger?.critical("Fatal", metadata: .errorFields(message, code: code))
         StandardError.write("Error: \(message) [\(code)]\n")
         notifier.fatal(status: "failed: \(message)", errno: errno)
@@ -199,12 +216,14 @@ public enum Daemon {
             return error
         case let error as IOError:
             return StartupError(
-                .listenFailed, message: "cannot listen on \(listen): \(String(cString: strerror(error.errnoCode)).lowercased())",
+                .listenFailed,
+                message: "cannot listen on \(listen): \(String(cString: strerror(error.errnoCode)).lowercased())",
                 errno: error.errnoCode)
         case let error as ServiceGroupError:
             return StartupError(.serviceFailed, message: "service failed: \(error)", errno: EIO)
         case let error as MigrationError:
-            return StartupError(error.kind == .changed ? .migrationChanged : .migrationFailed, message: error.message, errno: EIO)
+            return StartupError(
+                error.kind == .changed ? .migrationChanged : .migrationFailed, message: error.message, errno: EIO)
         default:
             return StartupError(.serviceFailed, message: "\(error)", errno: EIO)
         }

@@ -1,24 +1,25 @@
 import CoreMetrics
-import MetricsdConfiguration
-import MetricsdWork
-import MetricsdReads
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import HealthMetrics
 import Logging
+import MetricsdConfiguration
 import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
 import MetricsdSystemd
 import MetricsdTracing
+import MetricsdWork
 import NIOCore
 import NIOPosix
 import Prometheus
 import ServiceLifecycle
 import UnixSignals
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The daemon's parts, wired once from the configuration, and the one `ServiceGroup` that runs them.
 ///
@@ -84,11 +85,13 @@ struct DaemonAssembly {
         let configuration = self.configuration
         let formula = configuration.formula
         let identity = Instances.Identity(
-            id: "\(ProcessInfo.processInfo.hostName):\(getpid()):\(String(UInt16.random(in: 0...UInt16.max), radix: 16))",
+            id:
+                "\(ProcessInfo.processInfo.hostName):\(getpid()):\(String(UInt16.random(in: 0...UInt16.max), radix: 16))",
             host: ProcessInfo.processInfo.hostName, pid: getpid(), buildVersion: BuildInfo.version,
             formulaVersion: formula.version, listen: configuration.listen.description)
         var queue = WorkQueue(
-            pool: self.pool, formula: formula, owner: identity.id, configuration: configuration.work, logger: self.logger)
+            pool: self.pool, formula: formula, owner: identity.id, configuration: configuration.work,
+            logger: self.logger)
         queue.faults.beforeCommit = self.hooks.beforeCommit
         let store = PostgresStore(
             pool: self.pool, formula: formula, readRunners: configuration.readBatches, replicas: self.replicas,
@@ -103,8 +106,11 @@ struct DaemonAssembly {
         let reporter = OperatorMetrics(
             status: StatusQueries(pool: self.pool), jobs: jobs, version: formula.version,
             retentionDays: configuration.retentionDays)
-        Gauge(label: "metricsd_build_info", dimensions: [("version", BuildInfo.version), ("formula_version", String(formula.version))])
-            .record(1)
+        Gauge(
+            label: "metricsd_build_info",
+            dimensions: [("version", BuildInfo.version), ("formula_version", String(formula.version))]
+        )
+        .record(1)
 
         var schedulerConfiguration = Scheduler.Configuration()
         schedulerConfiguration.tick = configuration.tick
@@ -129,13 +135,16 @@ struct DaemonAssembly {
             maxInFlight: configuration.maxInFlight, requestLog: requestLog)
         dependencies.trustedProxies = configuration.trustedProxies
         let server = self.publicServer(
-            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: status, identity: identity)
+            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: status,
+            identity: identity)
         let (notifier, logger) = (self.notifier, self.logger)
         let reload = Reload(
             base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
-            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls, logger: self.logger)
+            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls,
+            logger: self.logger)
 
-        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil  // checked at start
+        // Checked at start.
+        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: SignalService(
@@ -254,7 +263,8 @@ struct DaemonAssembly {
             dependencies, endpoints: endpoints, sockets: self.publicSockets,
             requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
             tls: configuration.tls?.onPublic == true ? tls : nil,
-            connectionLimit: .init(listener: "public", maximum: configuration.maxConnections, setting: "METRICSD_MAX_CONNECTIONS"),
+            connectionLimit: .init(
+                listener: "public", maximum: configuration.maxConnections, setting: "METRICSD_MAX_CONNECTIONS"),
             onServerRunning: { channels in
                 listening.open()
                 guard await started.wait() else { return }
@@ -295,7 +305,9 @@ struct DaemonAssembly {
         ]
         logger.info("TLS certificate loaded", metadata: fields)
         for warning in certificate.warnings {
-            logger.warning("TLS certificate needs attention", metadata: fields.merging(["metricsd.tls.problem": "\(warning)"]) { $1 })
+            logger.warning(
+                "TLS certificate needs attention",
+                metadata: fields.merging(["metricsd.tls.problem": "\(warning)"]) { $1 })
         }
     }
 

@@ -1,7 +1,7 @@
 import MetricsdConfiguration
-import MetricsdWork
-import MetricsdReads
 import MetricsdPostgres
+import MetricsdReads
+import MetricsdWork
 
 /// Seams through which a test build injects faults into a running daemon: the fault-injecting test daemon
 /// (`Tests/FaultInjectingDaemon`) sets them around `metricsd serve`; the shipped binary never does, and no setting

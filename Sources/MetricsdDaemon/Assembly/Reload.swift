@@ -1,10 +1,10 @@
-import MetricsdConfiguration
-import MetricsdWork
-import MetricsdReads
-import Logging
-import MetricsdHTTP
-import MetricsdSystemd
 import HealthMetrics
+import Logging
+import MetricsdConfiguration
+import MetricsdHTTP
+import MetricsdReads
+import MetricsdSystemd
+import MetricsdWork
 
 /// `systemctl reload` (SIGHUP): re-reads what can change without a restart — log level, request log, daily time
 /// (from `METRICSD_CONFIG_FILE`), the secret files (JWT secret or public key, admin token) and the TLS certificate

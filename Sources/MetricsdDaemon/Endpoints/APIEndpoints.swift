@@ -1,10 +1,10 @@
-import MetricsdWork
-import MetricsdHTTP
-import HealthMetrics
 import HTTPTypes
-import MetricsdPostgres
-import NIOCore
+import HealthMetrics
 import Logging
+import MetricsdHTTP
+import MetricsdPostgres
+import MetricsdWork
+import NIOCore
 import Prometheus
 
 /// What the HTTP API is built from.
@@ -98,7 +98,8 @@ func metricsEndpoint(_ registry: PrometheusCollectorRegistry) -> Endpoint {
 ///   - writeTimeout: for a reply the client does not take (closing replies included).
 package func buildAPIServer(
     _ dependencies: HTTPDependencies, endpoints: HTTPEndpoints = .api, sockets: [ListenerSocket],
-    requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10), tls: TLSIdentity? = nil,
+    requestTimeout: TimeAmount, idleTimeout: TimeAmount, writeTimeout: TimeAmount = .seconds(10),
+    tls: TLSIdentity? = nil,
     connectionLimit: ConnectionLimit.Settings? = nil, onServerRunning: (@Sendable ([any Channel]) async -> Void)? = nil,
     logger: Logger
 ) -> HTTPServer {

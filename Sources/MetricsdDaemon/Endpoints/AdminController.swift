@@ -1,15 +1,16 @@
-import MetricsdWork
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
 import Logging
+import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdWork
 import NIOCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The admin API: recompute-all jobs (`POST/GET /v1/admin/recompute`, `…/{id}`, `…/{id}/cancel`).
 /// Served only when an admin token is configured.
@@ -75,7 +76,9 @@ package struct AdminController {
 
     @Sendable func show(_ request: EndpointRequest) async throws -> Reply {
         let id = try Self.jobID(request)
-        guard let job = try await self.jobs.job(id: id) else { throw AppError(.notFound, .jobNotFound, "no recompute job \(id)") }
+        guard let job = try await self.jobs.job(id: id) else {
+            throw AppError(.notFound, .jobNotFound, "no recompute job \(id)")
+        }
         return .json(Self.envelope(["job": .raw(Self.json(job))]))
     }
 

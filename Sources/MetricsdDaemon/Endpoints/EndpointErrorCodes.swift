@@ -36,7 +36,8 @@ extension AppError.Code {
     /// The endpoints' codes, the database's 503s included.
     public static let endpointCodes: [Self] =
         [
-            .invalidBody, .userUnknown, .settingsInvalid, .notComputedYet, .stale, .jobInvalidID, .jobNotFound, .jobFinished,
+            .invalidBody, .userUnknown, .settingsInvalid, .notComputedYet, .stale, .jobInvalidID, .jobNotFound,
+            .jobFinished,
             .notAcceptable, .exportInProgress,
         ]
         + databaseCodes

@@ -18,18 +18,28 @@ enum ExportFHIR {
 
     static func opening(_ profile: ExportProfile) -> String {
         var text = #"{"resourceType":"Bundle","type":"collection","entry":["#
-        text += #"{"resource":{"resourceType":"CodeSystem","id":"metricsd-metrics","url":"\#(Self.codeSystem)","#
+        text +=
+            #"{"resource":{"resourceType":"CodeSystem","id":"metricsd-metrics","url":"\#(Self.codeSystem)","#
             + #""name":"MetricsdMetrics","status":"active","content":"complete","concept":["#
             + #"{"code":"bmr","display":"Basal metabolic rate (Mifflin-St Jeor)"},"#
             + #"{"code":"tdee","display":"Total daily energy expenditure"}]}}"#
-        text += #",{"resource":{"resourceType":"Patient","id":"user-\#(profile.userID)","#
+        text +=
+            #",{"resource":{"resourceType":"Patient","id":"user-\#(profile.userID)","#
             + #""identifier":[{"system":"urn:metricsd:user-id","value":"\#(profile.userID)"}]}}"#
         let at = profile.settingsUpdatedAt?.iso8601
         if let weight = ExportNumber.decimal(profile.weightKilograms), let at {
-            text += "," + Self.measurement("weight-current", loinc: "29463-7", display: "Body weight", value: weight, unit: "kg", profile: profile, at: at)
+            text +=
+                ","
+                + Self.measurement(
+                    "weight-current", loinc: "29463-7", display: "Body weight", value: weight, unit: "kg",
+                    profile: profile, at: at)
         }
         if let height = ExportNumber.decimal(profile.heightCentimetres), let at {
-            text += "," + Self.measurement("height-current", loinc: "8302-2", display: "Body height", value: height, unit: "cm", profile: profile, at: at)
+            text +=
+                ","
+                + Self.measurement(
+                    "height-current", loinc: "8302-2", display: "Body height", value: height, unit: "cm",
+                    profile: profile, at: at)
         }
         return text
     }
@@ -49,24 +59,35 @@ enum ExportFHIR {
         if let updated = profile.settingsUpdatedAt, entry.computedAt >= updated,
             ExportNumber.decimal(profile.weightKilograms) != nil, ExportNumber.decimal(profile.heightCentimetres) != nil
         {
-            derived = #","derivedFrom":[{"reference":"Observation/weight-current"},{"reference":"Observation/height-current"}]"#
+            derived =
+                #","derivedFrom":[{"reference":"Observation/weight-current"},{"reference":"Observation/height-current"}]"#
         } else {
             derived = ""
         }
         let key = "v\(entry.metrics.version)-\(entry.date)"
-        let bmiCode = #"{"coding":[{"system":"\#(Self.loinc)","code":"39156-5","display":"Body mass index (BMI) [Ratio]"}],"text":"BMI"}"#
-        let bmrCode = #"{"coding":[{"system":"\#(Self.codeSystem)","code":"bmr","display":"Basal metabolic rate (Mifflin-St Jeor)"}],"text":"BMR"}"#
-        let tdeeCode = #"{"coding":[{"system":"\#(Self.codeSystem)","code":"tdee","display":"Total daily energy expenditure"}],"text":"TDEE"}"#
+        let bmiCode =
+            #"{"coding":[{"system":"\#(Self.loinc)","code":"39156-5","display":"Body mass index (BMI) [Ratio]"}],"text":"BMI"}"#
+        let bmrCode =
+            #"{"coding":[{"system":"\#(Self.codeSystem)","code":"bmr","display":"Basal metabolic rate (Mifflin-St Jeor)"}],"text":"BMR"}"#
+        let tdeeCode =
+            #"{"coding":[{"system":"\#(Self.codeSystem)","code":"tdee","display":"Total daily energy expenditure"}],"text":"TDEE"}"#
         return ","
-            + Self.observation("bmi-\(key)", code: bmiCode, vital: true, value: ExportNumber.bmi(entry), unit: "kg/m2", entry, profile, derived)
+            + Self.observation(
+                "bmi-\(key)", code: bmiCode, vital: true, value: ExportNumber.bmi(entry), unit: "kg/m2", entry, profile,
+                derived)
             + ","
-            + Self.observation("bmr-\(key)", code: bmrCode, vital: false, value: String(entry.metrics.bmr), unit: "kcal/d", entry, profile, derived)
+            + Self.observation(
+                "bmr-\(key)", code: bmrCode, vital: false, value: String(entry.metrics.bmr), unit: "kcal/d", entry,
+                profile, derived)
             + ","
-            + Self.observation("tdee-\(key)", code: tdeeCode, vital: false, value: String(entry.metrics.tdee), unit: "kcal/d", entry, profile, derived)
+            + Self.observation(
+                "tdee-\(key)", code: tdeeCode, vital: false, value: String(entry.metrics.tdee), unit: "kcal/d", entry,
+                profile, derived)
     }
 
     static func observation(
-        _ id: String, code: String, vital: Bool, value: String, unit: String, _ entry: HistoryEntry, _ profile: ExportProfile,
+        _ id: String, code: String, vital: Bool, value: String, unit: String, _ entry: HistoryEntry,
+        _ profile: ExportProfile,
         _ derived: String
     ) -> String {
         #"{"resource":{"resourceType":"Observation","id":"\#(id)","status":"final","#

@@ -31,7 +31,8 @@ final class ExportGate: Sendable {
         switch outcome {
         case 1:
             var error = AppError(
-                .tooManyRequests, .exportInProgress, "an export of your metrics is already being sent; wait for it to finish")
+                .tooManyRequests, .exportInProgress,
+                "an export of your metrics is already being sent; wait for it to finish")
             error.headers[.retryAfter] = "5"
             throw error
         case 2:

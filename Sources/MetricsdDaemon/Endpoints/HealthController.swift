@@ -1,7 +1,7 @@
-import MetricsdWork
-import MetricsdHTTP
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
+import MetricsdHTTP
+import MetricsdWork
 import NIOCore
 
 /// `/healthz` (the process answers), `/readyz` (database reachable and schema current, probed at most once a
@@ -14,13 +14,15 @@ struct HealthController {
         let probe = ReadinessProbe(store: self.store)
         let notifications = self.notifications
         return [
-            Endpoint(.get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
+            Endpoint(
+                .get, "/healthz", access: .open, caching: .noStore, .immediate { _ in .json(#"{"status":"ok"}"#) }),
             Endpoint(
                 .get, "/readyz", access: .open, caching: .noStore,
                 .async { _ in
                     let (readiness, measured) = await probe.current()
                     let age = ContinuousClock.now - measured
-                    let milliseconds = age.components.seconds * 1000 + age.components.attoseconds / 1_000_000_000_000_000
+                    let milliseconds =
+                        age.components.seconds * 1000 + age.components.attoseconds / 1_000_000_000_000_000
                     return .json(
                         JSONWriter.object([
                             "status": .string(readiness.isReady ? "ready" : "not_ready"),
@@ -34,7 +36,9 @@ struct HealthController {
                 }),
             Endpoint(
                 .get, "/openapi.yaml", access: .open, caching: .revalidate,
-                .immediate { _ in Reply(headers: [.contentType: "application/yaml"], body: Self.document, entityTag: Self.documentTag) }),
+                .immediate { _ in
+                    Reply(headers: [.contentType: "application/yaml"], body: Self.document, entityTag: Self.documentTag)
+                }),
         ]
     }
 

@@ -1,5 +1,5 @@
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
 import Logging
 import MetricsdHTTP
 import MetricsdPostgres
@@ -39,8 +39,10 @@ struct ProfileExportController {
                 } catch let error as PostgresError {
                     logger.error(
                         "Export failed part-way",
-                        metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)",
-                                   "metricsd.error.code": "\(error.code)"])
+                        metadata: [
+                            "metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)",
+                            "metricsd.error.code": "\(error.code)",
+                        ])
                     throw error
                 } catch {
                     // A write failed: the client went away, or took nothing for the write timeout (the connection's
@@ -50,7 +52,9 @@ struct ProfileExportController {
                         metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)"])
                     throw error
                 }
-                logger.info("Export sent", metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)"])
+                logger.info(
+                    "Export sent",
+                    metadata: ["metricsd.export.rows": "\(rows.value)", "metricsd.export.format": "\(format)"])
                 withExtendedLifetime(ticket) {}
             })
     }
@@ -63,7 +67,8 @@ struct ProfileExportController {
     /// The body: the opening, a page of rows at a time (each read with its own pooled connection, given back
     /// before the page is written, and written before the next is read), the closing.
     private static func stream(
-        format: ExportFormat, profile: ExportProfile, store: any MetricsExportStore, rows: Counter, to writer: BodyWriter
+        format: ExportFormat, profile: ExportProfile, store: any MetricsExportStore, rows: Counter,
+        to writer: BodyWriter
     ) async throws {
         try await writer.write(ByteBuffer(string: format.opening(profile)))
         var after: (version: Int, date: LocalDate)?
@@ -96,11 +101,18 @@ enum ExportFormat: CustomStringConvertible {
             return
         }
         for item in accept.split(separator: ",") {
-            let type = String(item.split(separator: ";", maxSplits: 1).first ?? "").filter { $0 != " " && $0 != "\t" }.lowercased()
+            let type = String(item.split(separator: ";", maxSplits: 1).first ?? "").filter { $0 != " " && $0 != "\t" }
+                .lowercased()
             switch type {
-            case "application/fhir+json": self = .fhir; return
-            case "text/csv": self = .csv; return
-            case "application/json", "application/*", "*/*": self = .json; return
+            case "application/fhir+json":
+                self = .fhir
+                return
+            case "text/csv":
+                self = .csv
+                return
+            case "application/json", "application/*", "*/*":
+                self = .json
+                return
             default: continue
             }
         }
@@ -173,7 +185,8 @@ enum ExportNumber {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count <= 2, parts.allSatisfy({ !$0.isEmpty }) else { return nil }
         let integer = parts[0].hasPrefix("-") ? parts[0].dropFirst() : parts[0]
-        guard !integer.isEmpty, integer.allSatisfy(\.isASCIIDigit), parts.dropFirst().allSatisfy({ $0.allSatisfy(\.isASCIIDigit) })
+        guard !integer.isEmpty, integer.allSatisfy(\.isASCIIDigit),
+            parts.dropFirst().allSatisfy({ $0.allSatisfy(\.isASCIIDigit) })
         else { return nil }
         return text
     }
@@ -213,7 +226,8 @@ enum ExportJSON {
             profile.acknowledgement.map {
                 "{\"version\":\($0.version),\"metricsComputedAt\":\"\($0.computedAt.iso8601)\",\"acknowledgedAt\":\"\($0.acknowledgedAt.iso8601)\"}"
             } ?? "null"
-        return "{\"success\":true,\"data\":{\"userId\":\(profile.userID),\"timezone\":\(JSONWriter.quoted(profile.timezone)),"
+        return
+            "{\"success\":true,\"data\":{\"userId\":\(profile.userID),\"timezone\":\(JSONWriter.quoted(profile.timezone)),"
             + "\"settings\":\(settings),\"settingsProblems\":\(string(profile.invalidSettings)),"
             + "\"acknowledgement\":\(acknowledgement),\"metrics\":["
     }

@@ -1,5 +1,5 @@
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
 import MetricsdHTTP
 import NIOCore
 
@@ -25,9 +25,11 @@ struct ProfileHistoryController {
         case .badRange(let from, let to):
             throw AppError.badRequest(
                 .invalidParameter,
-                "from (\(from)) must not be after to (\(to)), and the range may span at most \(HistoryQuery.maxSpanDays) days")
+                "from (\(from)) must not be after to (\(to)), and the range may span at most \(HistoryQuery.maxSpanDays) days"
+            )
         case .cursorOutsideRange:
-            throw AppError.badRequest(.invalidParameter, "cursor does not belong to this range: send the same from, to and version with it")
+            throw AppError.badRequest(
+                .invalidParameter, "cursor does not belong to this range: send the same from, to and version with it")
         }
     }
 
@@ -39,7 +41,8 @@ struct ProfileHistoryController {
                 throw AppError.badRequest(.invalidParameter, "\(name) is given more than once")
             }
         }
-        var query = HistoryQuery(from: nil, to: nil, version: self.formula.version, resumeAt: nil, limit: HistoryQuery.defaultLimit)
+        var query = HistoryQuery(
+            from: nil, to: nil, version: self.formula.version, resumeAt: nil, limit: HistoryQuery.defaultLimit)
         for name in ["from", "to"] {
             guard let text = values[name] else { continue }
             guard let date = LocalDate(iso: text) else {
@@ -51,13 +54,15 @@ struct ProfileHistoryController {
             guard let version = Int(text), self.formula.knownVersions.contains(version) else {
                 throw AppError.badRequest(
                     .invalidParameter,
-                    "version must be a formula version (\(self.formula.knownVersions.lowerBound)–\(self.formula.knownVersions.upperBound))")
+                    "version must be a formula version (\(self.formula.knownVersions.lowerBound)–\(self.formula.knownVersions.upperBound))"
+                )
             }
             query.version = version
         }
         if let text = values["limit"] {
             guard let limit = Int(text), (1...HistoryQuery.maxLimit).contains(limit) else {
-                throw AppError.badRequest(.invalidParameter, "limit must be an integer from 1 to \(HistoryQuery.maxLimit)")
+                throw AppError.badRequest(
+                    .invalidParameter, "limit must be an integer from 1 to \(HistoryQuery.maxLimit)")
             }
             query.limit = limit
         }
@@ -77,7 +82,8 @@ struct ProfileHistoryController {
 
     static func cursorDate(_ text: String) -> LocalDate? {
         let bytes = Array(text.utf8)
-        guard bytes.count == 9, bytes[0] == UInt8(ascii: "c"), bytes.dropFirst().allSatisfy({ $0 >= 48 && $0 <= 57 }) else {
+        guard bytes.count == 9, bytes[0] == UInt8(ascii: "c"), bytes.dropFirst().allSatisfy({ $0 >= 48 && $0 <= 57 })
+        else {
             return nil
         }
         let digits = text.dropFirst()

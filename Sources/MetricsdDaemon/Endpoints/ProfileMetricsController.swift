@@ -1,13 +1,14 @@
-import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-import HealthMetrics
 import HTTPTypes
+import HealthMetrics
 import Logging
+import MetricsdHTTP
 import NIOCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `GET /v1/profile/metrics/today` and `POST /v1/profile/metrics/acknowledge`.
 struct ProfileMetricsController {
@@ -17,7 +18,8 @@ struct ProfileMetricsController {
     var endpoints: [Endpoint] {
         [
             Endpoint(.get, "/v1/profile/metrics/today", access: .user, caching: .personal, .callback(self.today)),
-            Endpoint(.post, "/v1/profile/metrics/acknowledge", access: .user, caching: .noStore, .async(self.acknowledge)),
+            Endpoint(
+                .post, "/v1/profile/metrics/acknowledge", access: .user, caching: .noStore, .async(self.acknowledge)),
         ]
     }
 
@@ -43,7 +45,10 @@ struct ProfileMetricsController {
                 }
                 request.eventLoop.execute { done(.reply(Reply(body: Self.todayBody(latest)))) }
             case .success(.none):
-                done(.later { Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger)) })
+                done(
+                    .later {
+                        Reply(body: try await Self.computeNowBody(userID: userID, store: store, logger: request.logger))
+                    })
             case .failure(let error):
                 done(.failure(error))
             }
@@ -69,7 +74,8 @@ struct ProfileMetricsController {
         case .unknownUser:
             return AppError(.notFound, .userUnknown, "no metrics: user \(userID) does not exist")
         case .invalidSettings(let reasons):
-            return AppError(.notFound, .settingsInvalid, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
+            return AppError(
+                .notFound, .settingsInvalid, "no metrics: " + reasons.map(\.description).joined(separator: "; "))
         case .notComputedYet:
             return AppError(
                 .notFound, .notComputedYet,
@@ -120,12 +126,15 @@ struct ProfileMetricsController {
                 "version \(version) is not a known formula version (\(self.formula.knownVersions.lowerBound)–\(self.formula.knownVersions.upperBound))"
             )
         }
-        guard let dateValue = body.metricsComputedAt else { throw AppError.badRequest(.invalidBody, "metricsComputedAt is required") }
+        guard let dateValue = body.metricsComputedAt else {
+            throw AppError.badRequest(.invalidBody, "metricsComputedAt is required")
+        }
         guard case .string(let text) = dateValue else {
             throw AppError.badRequest(.invalidBody, "metricsComputedAt must be an ISO 8601 date-time string")
         }
         guard let computedAt = Timestamp(iso8601: text) else {
-            throw AppError.badRequest(.invalidBody, "metricsComputedAt is not an ISO 8601 date-time such as 2025-10-29T14:30:45.123Z")
+            throw AppError.badRequest(
+                .invalidBody, "metricsComputedAt is not an ISO 8601 date-time such as 2025-10-29T14:30:45.123Z")
         }
         return (version, computedAt)
     }

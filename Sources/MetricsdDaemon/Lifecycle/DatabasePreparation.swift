@@ -1,15 +1,16 @@
-import MetricsdReads
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import HealthMetrics
 import Logging
 import MetricsdPostgres
+import MetricsdReads
 import MetricsdSystemd
 import ServiceLifecycle
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// A start-up failure that ends the daemon: its case, one line for the operator and the `errno` systemd records.
 package struct StartupError: CodedError {
@@ -89,7 +90,8 @@ package struct DatabasePreparation: Service {
                 if problem != lastProblem {
                     // The reason in the message itself: `journalctl -u metricsd` and `systemctl status` show
                     // only the message (libpq's words, any password in them already masked).
-                    self.logger.warning("Waiting for database: \(problem)", metadata: .errorFields(problem, code: error.errorCode))
+                    self.logger.warning(
+                        "Waiting for database: \(problem)", metadata: .errorFields(problem, code: error.errorCode))
                     self.notifier.status("waiting for database: \(problem)")
                     lastProblem = problem
                 }

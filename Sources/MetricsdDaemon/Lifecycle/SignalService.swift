@@ -1,12 +1,13 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import Logging
 import ServiceLifecycle
 import UnixSignals
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The signals the service group does not handle itself: SIGHUP reloads; the first SIGTERM or SIGINT (which the
 /// group also traps, and answers with a graceful shutdown) is reported; a second one exits at once.
@@ -40,7 +41,8 @@ package struct SignalService: Service {
                 if stopSignals == 1 {
                     self.stopping("\(signal)")
                 } else {
-                    self.logger.warning("Second stop signal: exiting at once", metadata: ["metricsd.signal": "\(signal)"])
+                    self.logger.warning(
+                        "Second stop signal: exiting at once", metadata: ["metricsd.signal": "\(signal)"])
                     exit(1)
                 }
             }

@@ -1,8 +1,8 @@
-import MetricsdReads
-import MetricsdHTTP
 import HealthMetrics
 import Logging
+import MetricsdHTTP
 import MetricsdPostgres
+import MetricsdReads
 import ServiceLifecycle
 
 /// Writes this instance's heartbeat row every `interval` (with what its latest reads see of their read servers,

@@ -41,8 +41,11 @@ public struct Instances: Sendable {
                     VALUES ($1, $2, $3, $4, $5, $6, now(), now())
                     ON CONFLICT (instance_id) DO UPDATE SET last_seen_at = now(), stopped_at = NULL, listen = excluded.listen
                     """,
-                    [identity.id, identity.host, String(identity.pid), identity.buildVersion, String(identity.formulaVersion),
-                     identity.listen])
+                    [
+                        identity.id, identity.host, String(identity.pid), identity.buildVersion,
+                        String(identity.formulaVersion),
+                        identity.listen,
+                    ])
                 for server in readServers {
                     try connection.prepared(
                         "instance_read_server",
@@ -53,8 +56,11 @@ public struct Instances: Sendable {
                           SET usable = excluded.usable, lag_seconds = excluded.lag_seconds, reads = excluded.reads,
                               problem = excluded.problem, updated_at = excluded.updated_at
                         """,
-                        [identity.id, server.server, server.usable ? "true" : "false", server.lagSeconds.map { String($0) },
-                         String(server.reads), server.problem])
+                        [
+                            identity.id, server.server, server.usable ? "true" : "false",
+                            server.lagSeconds.map { String($0) },
+                            String(server.reads), server.problem,
+                        ])
                 }
             }
         }

@@ -1,5 +1,5 @@
-import MetricsdHTTP
 import CoreMetrics
+import MetricsdHTTP
 import Prometheus
 
 /// Every series of `/metrics`, with its type, help text and (for histograms) buckets: the one place the
@@ -64,7 +64,8 @@ enum MetricCatalog {
         // TLS (METRICSD_TLS)
         Entry(
             "metricsd_tls_certificate_expiry_timestamp_seconds", .gauge, labels: ["listener"],
-            "When the certificate the listener (public, internal) serves expires, in seconds since 1970; only while it speaks TLS."),
+            "When the certificate the listener (public, internal) serves expires, in seconds since 1970; only while it speaks TLS."
+        ),
 
         // Database pool
         Entry(
@@ -79,32 +80,40 @@ enum MetricCatalog {
 
         Entry(
             "metricsd_notifications_usable", .gauge, labels: [],
-            "1 while the daemon hears settings changes and recompute wake-ups by LISTEN (a notification it sent itself arrived), 0 while it polls for them every METRICSD_IDLE_POLL_SECONDS (DATABASE_URL goes through a pooler and METRICSD_NOTIFY_DATABASE_URL is unset, or notifications do not arrive there)."),
+            "1 while the daemon hears settings changes and recompute wake-ups by LISTEN (a notification it sent itself arrived), 0 while it polls for them every METRICSD_IDLE_POLL_SECONDS (DATABASE_URL goes through a pooler and METRICSD_NOTIFY_DATABASE_URL is unset, or notifications do not arrive there)."
+        ),
 
         // Read servers (METRICSD_READ_DATABASE_URL)
         Entry(
             "metricsd_read_server_reads_total", .counter, labels: ["server"],
-            "Users' latest reads answered by each read server (host:port) and by the primary (server primary): each one's share of the reads."),
+            "Users' latest reads answered by each read server (host:port) and by the primary (server primary): each one's share of the reads."
+        ),
         Entry(
             "metricsd_read_server_usable", .gauge, labels: ["server"],
-            "1 while latest reads go to the read server (it answers and is within METRICSD_READ_MAX_LAG_SECONDS of the primary), else 0."),
+            "1 while latest reads go to the read server (it answers and is within METRICSD_READ_MAX_LAG_SECONDS of the primary), else 0."
+        ),
         Entry(
             "metricsd_read_server_lag_seconds", .gauge, labels: ["server"],
-            "How far the read server's data may be behind the primary's commits, from its replay position (-1 until first measured); it keeps growing while the server does not answer."),
+            "How far the read server's data may be behind the primary's commits, from its replay position (-1 until first measured); it keeps growing while the server does not answer."
+        ),
         Entry(
             "metricsd_read_server_problem", .gauge, labels: ["server", "reason"],
-            "1 for the reason the read server is not read from now, else 0: unreachable, not_answering (no answer within the read bound), lagging, other_cluster (another system identifier), other_timeline, other_primary (not in recovery and not DATABASE_URL's primary), primary_not_wanted (the primary; target_session_attrs asks for standbys)."),
+            "1 for the reason the read server is not read from now, else 0: unreachable, not_answering (no answer within the read bound), lagging, other_cluster (another system identifier), other_timeline, other_primary (not in recovery and not DATABASE_URL's primary), primary_not_wanted (the primary; target_session_attrs asks for standbys)."
+        ),
         Entry(
             "metricsd_read_fallbacks_total", .counter, labels: ["reason"],
-            "Users' latest reads a read server did not answer, read again on the primary: missing (no row there yet) or error (the read failed)."),
+            "Users' latest reads a read server did not answer, read again on the primary: missing (no row there yet) or error (the read failed)."
+        ),
 
         // Daily job
         Entry(
             "metricsd_daily_units", .gauge, labels: ["state"],
-            "Zones by the state of their unit for the current due date: done, running, pending, missing (not created yet)."),
+            "Zones by the state of their unit for the current due date: done, running, pending, missing (not created yet)."
+        ),
         Entry(
             "metricsd_daily_oldest_overdue_unit_age_seconds", .gauge,
-            "Seconds since the oldest unfinished current unit fell due (its zone's local daily time); 0 when all are done."),
+            "Seconds since the oldest unfinished current unit fell due (its zone's local daily time); 0 when all are done."
+        ),
         Entry(
             "metricsd_daily_users_waiting", .gauge,
             "Users whose zone's daily time has passed and who have neither a row nor a skip verdict for that date yet."),
@@ -116,15 +125,18 @@ enum MetricCatalog {
             "Time from a daily unit's first claim to its end, for the units this instance finished."),
         Entry(
             "metricsd_daily_lateness_seconds", .histogram, labels: ["utc_offset"], buckets: unitBuckets,
-            "Time from each user's due instant (the local daily time on their date) to the commit of their row, one observation per row this instance's daily units wrote, by the zone's UTC offset at that instant (+05:45)."),
+            "Time from each user's due instant (the local daily time on their date) to the commit of their row, one observation per row this instance's daily units wrote, by the zone's UTC offset at that instant (+05:45)."
+        ),
         Entry(
             "metricsd_daily_unit_delay_seconds", .histogram, buckets: unitBuckets,
-            "Time from a zone's due instant (local daily time) to the end of its unit, for the units this instance finished."),
+            "Time from a zone's due instant (local daily time) to the end of its unit, for the units this instance finished."
+        ),
 
         // Work (daily units and recompute jobs)
         Entry(
             "metricsd_users_examined_total", .counter, labels: ["kind"],
-            "Users this instance read and evaluated, by kind of work (daily, recompute): written + already current + skipped."),
+            "Users this instance read and evaluated, by kind of work (daily, recompute): written + already current + skipped."
+        ),
         Entry(
             "metricsd_users_written_total", .counter, labels: ["kind"],
             "Users whose metrics row this instance inserted or changed, by kind of work."),
@@ -142,10 +154,12 @@ enum MetricCatalog {
             "Chunks this instance claimed whose lease another instance held and let expire (crashed or stalled)."),
         Entry(
             "metricsd_work_chunks_lost_total", .counter,
-            "Chunks this instance lost mid-work (its lease expired and another took it, or the work was cancelled); the last batch was rolled back."),
+            "Chunks this instance lost mid-work (its lease expired and another took it, or the work was cancelled); the last batch was rolled back."
+        ),
         Entry(
             "metricsd_work_failures_total", .counter, labels: ["kind"],
-            "Failed attempts at a chunk (daily, recompute, retention) or at claiming one (claim); the chunk is retried after a backoff."),
+            "Failed attempts at a chunk (daily, recompute, retention) or at claiming one (claim); the chunk is retried after a backoff."
+        ),
 
         // Tracing (OTEL_TRACES_EXPORTER=otlp): exported only while tracing is on
         Entry(
@@ -169,18 +183,22 @@ enum MetricCatalog {
             "Retention runs this instance saw finish (the last chunk's worker or the tick's sweep)."),
         Entry(
             "metricsd_retention_behind_seconds", .gauge,
-            "How far removal lags METRICSD_RETENTION_DAYS: the cutoff the setting asks for now minus the last finished run's (before the first, minus the oldest row's date). Only while retention is on."),
+            "How far removal lags METRICSD_RETENTION_DAYS: the cutoff the setting asks for now minus the last finished run's (before the first, minus the oldest row's date). Only while retention is on."
+        ),
 
         // The move of an upgraded install's history into monthly partitions
         Entry(
             "metricsd_history_move_active", .gauge,
-            "1 while the history an upgrade left in the old partition of profile_metrics is being moved into monthly partitions (copied, indexed, swapped in); 0 when done or there was nothing to move."),
+            "1 while the history an upgrade left in the old partition of profile_metrics is being moved into monthly partitions (copied, indexed, swapped in); 0 when done or there was nothing to move."
+        ),
         Entry(
             "metricsd_history_move_rows", .gauge, labels: ["state"],
-            "Rows of the history move: estimated (the old partition's rows when it began, as its statistics said) and copied so far, by every instance."),
+            "Rows of the history move: estimated (the old partition's rows when it began, as its statistics said) and copied so far, by every instance."
+        ),
         Entry(
             "metricsd_history_move_writes_pending", .gauge,
-            "Writes to the old partition's rows (retention, deleted users, late rows) logged during the move and not yet replayed into the monthly partitions."),
+            "Writes to the old partition's rows (retention, deleted users, late rows) logged during the move and not yet replayed into the monthly partitions."
+        ),
     ]
 
     static let byName: [String: Entry] = Dictionary(uniqueKeysWithValues: entries.map { ($0.name, $0) })
@@ -210,7 +228,9 @@ package struct DocumentedMetricsFactory: MetricsFactory {
         self.registry.makeCounter(descriptor: Self.descriptor(label), labels: dimensions)
     }
 
-    package func makeFloatingPointCounter(label: String, dimensions: [(String, String)]) -> any FloatingPointCounterHandler {
+    package func makeFloatingPointCounter(label: String, dimensions: [(String, String)])
+        -> any FloatingPointCounterHandler
+    {
         self.registry.makeCounter(descriptor: Self.descriptor(label), labels: dimensions)
     }
 
@@ -220,7 +240,8 @@ package struct DocumentedMetricsFactory: MetricsFactory {
         }
         // No series records values into a histogram today; seconds go through `Timer`.
         let buckets = MetricCatalog.byName[label]?.buckets.map { Double($0.components.seconds) } ?? [1, 10, 100]
-        return self.registry.makeValueHistogram(descriptor: Self.descriptor(label), labels: dimensions, buckets: buckets)
+        return self.registry.makeValueHistogram(
+            descriptor: Self.descriptor(label), labels: dimensions, buckets: buckets)
     }
 
     package func makeMeter(label: String, dimensions: [(String, String)]) -> any MeterHandler {

@@ -1,7 +1,7 @@
-import MetricsdWork
-import MetricsdHTTP
 import Logging
+import MetricsdHTTP
 import MetricsdSystemd
+import MetricsdWork
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
@@ -20,7 +20,10 @@ package struct WatchdogService: Service {
     /// How old the scheduler's last beat may be. The loop beats every second.
     var staleAfter: Duration { max(.seconds(3), self.configuration.pingInterval) }
 
-    package init(configuration: WatchdogConfiguration, notifier: SystemdNotifier, liveness: Liveness, eventLoopGroup: any EventLoopGroup, logger: Logger) {
+    package init(
+        configuration: WatchdogConfiguration, notifier: SystemdNotifier, liveness: Liveness,
+        eventLoopGroup: any EventLoopGroup, logger: Logger
+    ) {
         self.configuration = configuration
         self.notifier = notifier
         self.liveness = liveness

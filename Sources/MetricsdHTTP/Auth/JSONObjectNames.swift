@@ -1,7 +1,7 @@
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// The member names of a JSON object, read without decoding its values: for RFC 7515/7519's rule that a
@@ -115,7 +115,8 @@ enum JSONObjectNames {
                         guard var unit = self.hex4() else { return nil }
                         if (0xD800..<0xDC00).contains(unit) {
                             // A high surrogate must be followed by an escaped low one.
-                            guard self.consume(0x5C), self.consume(0x75), let low = self.hex4(), (0xDC00..<0xE000).contains(low)
+                            guard self.consume(0x5C), self.consume(0x75), let low = self.hex4(),
+                                (0xDC00..<0xE000).contains(low)
                             else { return nil }
                             unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
                         }

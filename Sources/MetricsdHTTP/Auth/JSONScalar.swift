@@ -1,7 +1,7 @@
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// One JSON value, told apart strictly: a boolean is never a number and a number never a string.
@@ -44,7 +44,9 @@ package enum JSONScalar: Decodable, Equatable {
             else { return nil }
             return Int64(text)
         case .number(let value):
-            guard value.isFinite, value >= 1, value <= 9_007_199_254_740_991, value.rounded() == value else { return nil }
+            guard value.isFinite, value >= 1, value <= 9_007_199_254_740_991, value.rounded() == value else {
+                return nil
+            }
             return Int64(value)
         case .bool, .other:
             return nil

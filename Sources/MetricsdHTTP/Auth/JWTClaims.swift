@@ -1,7 +1,7 @@
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// The JOSE header fields metricsd looks at.
@@ -31,7 +31,9 @@ struct JWTClaims: Decodable, Equatable {
     /// flat object whose values are plain strings (no escapes, ASCII) or integers.
     static func read(_ bytes: [UInt8]) -> Reading {
         var duplicate = false
-        guard let claims = JWTClaims(compact: bytes, duplicate: &duplicate) else { return duplicate ? .duplicateName : .notPlain }
+        guard let claims = JWTClaims(compact: bytes, duplicate: &duplicate) else {
+            return duplicate ? .duplicateName : .notPlain
+        }
         return .claims(claims)
     }
 
@@ -46,7 +48,9 @@ struct JWTClaims: Decodable, Equatable {
         var index = 0
         let count = bytes.count
         func skipSpace() {
-            while index < count, bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09 {
+            while index < count,
+                bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09
+            {
                 index += 1
             }
         }
@@ -102,7 +106,9 @@ struct JWTClaims: Decodable, Equatable {
                     let digits = index - start
                     // No leading zeros (invalid JSON), at most 15 digits (exact as a Double), an integer.
                     guard digits <= 15, digits == 1 || bytes[start] != 0x30 else { return nil }
-                    if index < count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 { return nil }
+                    if index < count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 {
+                        return nil
+                    }
                     value = .number(Double(number))
                 } else {
                     return nil

@@ -1,8 +1,9 @@
 import CLibCrypto
+
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 // The signature maths of token checks: SHA-256, HMAC-SHA-256, and Ed25519, P-256 ECDSA and RSA PKCS#1 v1.5
@@ -17,17 +18,28 @@ final class KeyedHMACSHA256: @unchecked Sendable {
     private let keyed: OpaquePointer
 
     init?(key: [UInt8]) {
-        guard let mac = EVP_MAC_fetch(nil, "HMAC", nil) else { ERR_clear_error(); return nil }
+        guard let mac = EVP_MAC_fetch(nil, "HMAC", nil) else {
+            ERR_clear_error()
+            return nil
+        }
         defer { EVP_MAC_free(mac) }
-        guard let context = EVP_MAC_CTX_new(mac) else { ERR_clear_error(); return nil }
+        guard let context = EVP_MAC_CTX_new(mac) else {
+            ERR_clear_error()
+            return nil
+        }
         var digest = Array("SHA256".utf8CString)
         let initialised = digest.withUnsafeMutableBufferPointer { name in
             var parameters = [
-                OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, name.baseAddress, 0), OSSL_PARAM_construct_end(),
+                OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, name.baseAddress, 0),
+                OSSL_PARAM_construct_end(),
             ]
             return key.withUnsafeBufferPointer { EVP_MAC_init(context, $0.baseAddress, $0.count, &parameters) }
         }
-        guard initialised == 1 else { EVP_MAC_CTX_free(context); ERR_clear_error(); return nil }
+        guard initialised == 1 else {
+            EVP_MAC_CTX_free(context)
+            ERR_clear_error()
+            return nil
+        }
         self.keyed = context
     }
 
@@ -35,13 +47,19 @@ final class KeyedHMACSHA256: @unchecked Sendable {
 
     /// Whether `signature` is the MAC of `message`, compared in time that depends only on the lengths.
     func authenticates(_ message: UnsafeRawBufferPointer, signature: [UInt8]) -> Bool {
-        guard let context = EVP_MAC_CTX_dup(self.keyed) else { ERR_clear_error(); return false }
+        guard let context = EVP_MAC_CTX_dup(self.keyed) else {
+            ERR_clear_error()
+            return false
+        }
         defer { EVP_MAC_CTX_free(context) }
         var mac = [UInt8](repeating: 0, count: 32)
         var length = 0
         guard EVP_MAC_update(context, message.baseAddress?.assumingMemoryBound(to: UInt8.self), message.count) == 1,
             EVP_MAC_final(context, &mac, &length, mac.count) == 1, length == mac.count
-        else { ERR_clear_error(); return false }
+        else {
+            ERR_clear_error()
+            return false
+        }
         return signature.count == mac.count && CRYPTO_memcmp(mac, signature, mac.count) == 0
     }
 }
@@ -51,7 +69,9 @@ enum LibCrypto {
     static func sha256(_ bytes: [UInt8]) -> [UInt8] {
         var digest = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
-        let done = bytes.withUnsafeBufferPointer { EVP_Digest($0.baseAddress, $0.count, &digest, &length, EVP_sha256(), nil) }
+        let done = bytes.withUnsafeBufferPointer {
+            EVP_Digest($0.baseAddress, $0.count, &digest, &length, EVP_sha256(), nil)
+        }
         // Hashing memory cannot fail short of an allocation failure; a zero digest then matches nothing real.
         if done != 1 { ERR_clear_error() }
         return digest
@@ -89,7 +109,8 @@ final class VerifyingKey: @unchecked Sendable {
         ERR_clear_error()
         let decoded: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
             var cursor = buffer.baseAddress
-            let key = label == "PUBLIC KEY"
+            let key =
+                label == "PUBLIC KEY"
                 ? d2i_PUBKEY(nil, &cursor, buffer.count)
                 : d2i_PublicKey(EVP_PKEY_RSA, nil, &cursor, buffer.count)
             // DER after the key would be a different document: refuse it rather than ignore it.

@@ -10,7 +10,8 @@ enum PublicKeyPEM: Sendable {
 
     init(_ pem: String) throws(TokenKeyError) {
         if pem.contains("PRIVATE KEY") {
-            throw TokenKeyError.unusablePublicKey("the JWT public key file holds a private key: give metricsd only the public key")
+            throw TokenKeyError.unusablePublicKey(
+                "the JWT public key file holds a private key: give metricsd only the public key")
         }
         let key: VerifyingKey
         do {

@@ -1,7 +1,7 @@
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// How user tokens are verified (README, "Tokens").
@@ -19,7 +19,10 @@ public struct TokenConfiguration: Sendable {
     public var audience: String?
     public var leewaySeconds: Int
 
-    public init(hmacSecret: String?, publicKeyPEM: String? = nil, issuer: String? = nil, audience: String? = nil, leewaySeconds: Int = 30) {
+    public init(
+        hmacSecret: String?, publicKeyPEM: String? = nil, issuer: String? = nil, audience: String? = nil,
+        leewaySeconds: Int = 30
+    ) {
         self.hmacSecret = hmacSecret
         self.publicKeyPEM = publicKeyPEM
         self.issuer = issuer

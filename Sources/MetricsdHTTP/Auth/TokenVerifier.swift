@@ -1,9 +1,10 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// Verifies user JWTs with pinned algorithms: HS256 against the shared secret, the public key's own algorithm
 /// against the public key, and nothing else (`none`, or HS256 signed with the public key, are refused before any
@@ -34,7 +35,8 @@ public struct TokenVerifier: Sendable {
     public init(_ configuration: TokenConfiguration) throws(TokenKeyError) {
         if let secret = configuration.hmacSecret {
             guard let keyed = KeyedHMACSHA256(key: Array(secret.utf8)) else {
-                throw TokenKeyError.unusableSecret("the JWT secret could not be used as an HMAC-SHA-256 key (libcrypto refused it)")
+                throw TokenKeyError.unusableSecret(
+                    "the JWT secret could not be used as an HMAC-SHA-256 key (libcrypto refused it)")
             }
             self.keyedHMAC = keyed
         } else {
@@ -63,14 +65,17 @@ public struct TokenVerifier: Sendable {
 
     /// Verifies a compact JWS and returns its user id (`sub`).
     /// - Parameter now: seconds since 1970 (tests pass their own).
-    public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64 {
+    public func verify(_ token: Substring, now: Int64 = Int64(Date().timeIntervalSince1970)) throws(TokenError) -> Int64
+    {
         let parts = Self.threeParts(token)
         guard let parts, token.utf8.count <= 8192 else { throw TokenError(.malformed, "malformed token") }
         let alg: String
         if let known = Self.commonHeader(parts.header) {
             alg = known  // the usual header, character for character: nothing to decode
         } else {
-            guard let headerData = Base64URL.decode(parts.header) else { throw TokenError(.malformed, "malformed token") }
+            guard let headerData = Base64URL.decode(parts.header) else {
+                throw TokenError(.malformed, "malformed token")
+            }
             // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
             guard JSONObjectNames.hasDuplicates(headerData) == false,
                 let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
@@ -93,7 +98,8 @@ public struct TokenVerifier: Sendable {
         if let hmac {
             valid =
                 token.utf8.withContiguousStorageIfAvailable {
-                    hmac.authenticates(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed])), signature: signature)
+                    hmac.authenticates(
+                        UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0[0..<signed])), signature: signature)
                 }
                 ?? Array(token.utf8.prefix(signed)).withUnsafeBytes { hmac.authenticates($0, signature: signature) }
         } else if let publicKey {
@@ -109,7 +115,9 @@ public struct TokenVerifier: Sendable {
         case .claims(let plain): claims = plain
         case .duplicateName: throw TokenError(.repeatedClaim, "token repeats a claim name")
         case .notPlain:
-            guard let names = JSONObjectNames.hasDuplicates(payloadData) else { throw TokenError(.malformedPayload, "malformed token payload") }
+            guard let names = JSONObjectNames.hasDuplicates(payloadData) else {
+                throw TokenError(.malformedPayload, "malformed token payload")
+            }
             guard !names else { throw TokenError(.repeatedClaim, "token repeats a claim name") }
             guard var decoded = try? Self.decoder.decode(JWTClaims.self, from: Data(payloadData)) else {
                 throw TokenError(.malformedPayload, "malformed token payload")
@@ -128,12 +136,18 @@ public struct TokenVerifier: Sendable {
             guard now + self.leeway >= nbf else { throw TokenError(.notYetValid, "token is not valid yet") }
         }
         if let issuer = self.issuer {
-            guard claims.iss?.string == issuer else { throw TokenError(.issuerNotAccepted, "token issuer is not accepted") }
+            guard claims.iss?.string == issuer else {
+                throw TokenError(.issuerNotAccepted, "token issuer is not accepted")
+            }
         }
         if let audience = self.audience {
-            guard claims.aud?.values.contains(audience) == true else { throw TokenError(.audienceNotAccepted, "token audience is not accepted") }
+            guard claims.aud?.values.contains(audience) == true else {
+                throw TokenError(.audienceNotAccepted, "token audience is not accepted")
+            }
         }
-        guard let userID = claims.sub?.userID else { throw TokenError(.subjectNotUserID, "token subject is not a user id") }
+        guard let userID = claims.sub?.userID else {
+            throw TokenError(.subjectNotUserID, "token subject is not a user id")
+        }
         return userID
     }
 
@@ -179,7 +193,9 @@ public struct TokenVerifier: Sendable {
     static func commonHeader(_ encoded: Substring) -> String? {
         let found = encoded.utf8.withContiguousStorageIfAvailable { bytes -> String? in
             for header in Self.commonHeaders where header.bytes.count == bytes.count {
-                if header.bytes.withUnsafeBufferPointer({ memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0 }) {
+                if header.bytes.withUnsafeBufferPointer({
+                    memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0
+                }) {
                     return header.alg
                 }
             }
@@ -190,6 +206,7 @@ public struct TokenVerifier: Sendable {
     }
 
     private static func shown(_ text: String) -> String {
-        "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init)) + "'"
+        "'" + String(text.prefix(20).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init))
+            + "'"
     }
 }

@@ -75,7 +75,9 @@ package enum IfNoneMatch: Equatable, Sendable {
             let open = bytes.index(after: index)
             guard let close = bytes[open...].firstIndex(of: UInt8(ascii: "\"")) else { return nil }
             // etagc = %x21 / %x23-7E / obs-text
-            guard bytes[open..<close].allSatisfy({ $0 == 0x21 || (0x23...0x7E).contains($0) || $0 >= 0x80 }) else { return nil }
+            guard bytes[open..<close].allSatisfy({ $0 == 0x21 || (0x23...0x7E).contains($0) || $0 >= 0x80 }) else {
+                return nil
+            }
             tags.append(EntityTag(opaque: Substring(bytes[open..<close]), isWeak: isWeak))
             index = bytes.index(after: close)
             skipOWS()

@@ -3,10 +3,10 @@ import HTTPTypes
 import HealthMetrics
 import Logging
 import MetricsdTracing
-import Tracing
 import NIOCore
 import NIOHTTP1
 import Synchronization
+import Tracing
 
 /// Where a connection's work runs: its event loop, and its own task; and who the request is from.
 package struct ConnectionContext: Sendable {
@@ -80,11 +80,15 @@ final class APIDispatcher: Sendable {
             finish(.error(error), route: "unmatched", userID: nil)
             return
         case .notImplemented:
-            finish(.error(AppError(.notImplemented, .methodNotImplemented, "method \(method.rawValue) is not supported")), route: "unmatched", userID: nil)
+            finish(
+                .error(AppError(.notImplemented, .methodNotImplemented, "method \(method.rawValue) is not supported")),
+                route: "unmatched", userID: nil)
             return
         case .notFound:
             let shown = Self.shownPath(RouteTable.path(of: head.uri))
-            finish(.error(AppError(.notFound, .routeNotFound, "no such route: \(method.rawValue) \(shown)")), route: "unmatched", userID: nil)
+            finish(
+                .error(AppError(.notFound, .routeNotFound, "no such route: \(method.rawValue) \(shown)")),
+                route: "unmatched", userID: nil)
             return
         }
         guard self.inFlight.enter(limit: self.maxInFlight) else {
@@ -118,7 +122,8 @@ final class APIDispatcher: Sendable {
             return
         }
         self.run(
-            endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: fields.ifNoneMatch, requestID: requestID,
+            endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: fields.ifNoneMatch,
+            requestID: requestID,
             userID: userID, finish: finish, connection: connection)
     }
 
@@ -175,12 +180,15 @@ final class APIDispatcher: Sendable {
     /// hundreds of microseconds, an HS256 MAC about one) is checked in the connection's task; the request then
     /// goes on from the event loop as any other (scripts/bench, step eventloop).
     private func verifyElsewhere(
-        _ token: Substring, with tokens: TokenVerifier, endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead,
+        _ token: Substring, with tokens: TokenVerifier, endpoint: Endpoint, parameter: Substring?,
+        head: HTTPRequestHead,
         body: ByteBuffer, ifNoneMatch: [String]?, requestID: String, finish: Finish, connection: ConnectionContext
     ) {
         let bound = NIOLoopBound(finish, eventLoop: connection.eventLoop)
         let accepted = connection.worker.submit {
-            let verified = Result { () throws(AppError) -> Int64 in try self.verifiedUser(token, with: tokens, requestID: requestID) }
+            let verified = Result { () throws(AppError) -> Int64 in
+                try self.verifiedUser(token, with: tokens, requestID: requestID)
+            }
             connection.eventLoop.execute {
                 switch verified {
                 case .success(let userID):
@@ -196,7 +204,9 @@ final class APIDispatcher: Sendable {
         // The connection closed before: nobody waits for the reply, but the in-flight slot is given back.
         if !accepted {
             self.inFlight.leave()
-            finish(.error(AppError.unavailable(.connectionClosed, "connection closed")), route: endpoint.route, userID: nil)
+            finish(
+                .error(AppError.unavailable(.connectionClosed, "connection closed")), route: endpoint.route, userID: nil
+            )
         }
     }
 
@@ -209,17 +219,24 @@ final class APIDispatcher: Sendable {
         let method = HTTPRequest.Method(head.method)
         let requestID = Self.requestID(from: RequestFields(head.headers).requestID)
         let finish = Finish(
-            dispatcher: self, method: method, requestID: requestID, client: client, started: .now, completion: completion)
+            dispatcher: self, method: method, requestID: requestID, client: client, started: .now,
+            completion: completion)
         switch refusal {
         case .bodyTooLarge:
-            finish(.error(AppError(.contentTooLarge, .bodyTooLarge, "request body is larger than 16 KiB")), route: "too_large", userID: nil)
+            finish(
+                .error(AppError(.contentTooLarge, .bodyTooLarge, "request body is larger than 16 KiB")),
+                route: "too_large", userID: nil)
         case .expectationFailed:
-            finish(.error(AppError(.expectationFailed, .expectationFailed, "only the expectation 100-continue is supported")), route: "unmatched", userID: nil)
+            finish(
+                .error(
+                    AppError(.expectationFailed, .expectationFailed, "only the expectation 100-continue is supported")),
+                route: "unmatched", userID: nil)
         }
     }
 
     /// Runs the rest of a request in the connection's task; its reply goes back to the event loop.
-    private func later(_ work: @escaping @Sendable () async throws -> Reply, done: Done, connection: ConnectionContext) {
+    private func later(_ work: @escaping @Sendable () async throws -> Reply, done: Done, connection: ConnectionContext)
+    {
         let trace = done.trace
         let accepted = connection.worker.submit {
             let reply: Reply
@@ -308,7 +325,9 @@ final class APIDispatcher: Sendable {
             return try tokens.verify(token)
         } catch {
             let logger = Self.requestLogger(self.logger, requestID: requestID, userID: nil)
-            logger.debug("Token refused", metadata: ["metricsd.reason": "\(error.message)", "metricsd.error.code": "\(error.errorCode)"])
+            logger.debug(
+                "Token refused",
+                metadata: ["metricsd.reason": "\(error.message)", "metricsd.error.code": "\(error.errorCode)"])
             throw AppError.unauthorized(.token(error.reason), error.message)
         }
     }
@@ -317,7 +336,10 @@ final class APIDispatcher: Sendable {
 
     /// The reply to an error a handler threw, logged when it is the server's fault.
     func errorReply(_ error: any Error, requestID: String, userID: Int64?) -> Reply {
-        .error(Self.appError(for: error, logger: Self.requestLogger(self.logger, requestID: requestID, userID: userID), requestID: requestID))
+        .error(
+            Self.appError(
+                for: error, logger: Self.requestLogger(self.logger, requestID: requestID, userID: userID),
+                requestID: requestID))
     }
 
     /// What the client is told about an error; logged when it is the server's fault (never with details in the

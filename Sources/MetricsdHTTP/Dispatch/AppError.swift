@@ -46,7 +46,8 @@ public struct AppError: CodedError, Sendable {
     /// The JSON body.
     var body: String {
         JSONWriter.object([
-            "error": .string(self.message), "statusCode": .int(Int64(self.status.code)), "code": .string(self.code.rawValue),
+            "error": .string(self.message), "statusCode": .int(Int64(self.status.code)),
+            "code": .string(self.code.rawValue),
         ])
     }
 }

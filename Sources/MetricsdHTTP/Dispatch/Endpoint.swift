@@ -90,7 +90,9 @@ package struct EndpointRequest: Sendable {
 
     /// The request's logger: every line carries the request id (and the user id when authenticated). Made only
     /// when something is logged (copying a logger's metadata allocates).
-    package var logger: Logger { APIDispatcher.requestLogger(self.baseLogger, requestID: self.requestID, userID: self.userID) }
+    package var logger: Logger {
+        APIDispatcher.requestLogger(self.baseLogger, requestID: self.requestID, userID: self.userID)
+    }
 
     /// The authenticated user id; only `Endpoint.Access.user` endpoints call this.
     package func user() throws(AppError) -> Int64 {
@@ -113,7 +115,9 @@ package struct Reply: Sendable {
     /// A body produced while it is written (``BodyStream``), instead of `body`; nil for every other reply.
     var stream: BodyStream?
 
-    package init(status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer, entityTag: EntityTag? = nil) {
+    package init(
+        status: HTTPResponse.Status = .ok, headers: HTTPFields = [:], body: ByteBuffer, entityTag: EntityTag? = nil
+    ) {
         self.status = status
         self.headers = headers
         self.body = body

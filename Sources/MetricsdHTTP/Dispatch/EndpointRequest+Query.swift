@@ -13,10 +13,12 @@ extension EndpointRequest {
         for pair in query.split(separator: "&", omittingEmptySubsequences: true) {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
             guard let name = Self.percentDecoded(parts[0]) else {
-                throw AppError.badRequest(.invalidParameter, "a query parameter name is not valid percent-encoded UTF-8")
+                throw AppError.badRequest(
+                    .invalidParameter, "a query parameter name is not valid percent-encoded UTF-8")
             }
             guard let value = Self.percentDecoded(parts.count > 1 ? parts[1] : "") else {
-                throw AppError.badRequest(.invalidParameter, "\(Self.printable(name)) is not valid percent-encoded UTF-8")
+                throw AppError.badRequest(
+                    .invalidParameter, "\(Self.printable(name)) is not valid percent-encoded UTF-8")
             }
             parameters.append((name, value))
         }
@@ -38,7 +40,8 @@ extension EndpointRequest {
             case UInt8(ascii: "+"):
                 bytes.append(UInt8(ascii: " "))
             case UInt8(ascii: "%"):
-                guard let high = iterator.next().flatMap(Self.hexValue), let low = iterator.next().flatMap(Self.hexValue)
+                guard let high = iterator.next().flatMap(Self.hexValue),
+                    let low = iterator.next().flatMap(Self.hexValue)
                 else { return nil }
                 bytes.append(high << 4 | low)
             default:

@@ -45,7 +45,9 @@ extension APIDispatcher {
 
     /// A path as echoed in an error: printable ASCII only, at most 100 characters.
     static func shownPath(_ path: String) -> String {
-        let printable = path.unicodeScalars.prefix(100).map { $0.value >= 0x21 && $0.value < 0x7f ? Character($0) : "?" }
+        let printable = path.unicodeScalars.prefix(100).map {
+            $0.value >= 0x21 && $0.value < 0x7f ? Character($0) : "?"
+        }
         return String(printable) + (path.unicodeScalars.count > 100 ? "…" : "")
     }
 }
@@ -116,7 +118,8 @@ func bearerToken(_ header: String?) throws(AppError) -> Substring {
         bytes[start..<space].elementsEqual("bearer".utf8, by: { $0 | 0x20 == $1 }),
         bytes.index(after: space) < bytes.endIndex
     else {
-        throw AppError.unauthorized(.authorizationMalformed, "malformed Authorization header: expected 'Bearer <token>'")
+        throw AppError.unauthorized(
+            .authorizationMalformed, "malformed Authorization header: expected 'Bearer <token>'")
     }
     return header[bytes.index(after: space)...]
 }

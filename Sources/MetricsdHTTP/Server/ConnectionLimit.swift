@@ -97,9 +97,11 @@ final class ConnectionRefusal: ChannelDuplexHandler {
     typealias OutboundOut = ByteBuffer
 
     static let reply: ByteBuffer = {
-        let body = AppError.unavailable(.tooManyConnections, "server busy: too many connections, retry shortly").body + "\n"
+        let body =
+            AppError.unavailable(.tooManyConnections, "server busy: too many connections, retry shortly").body + "\n"
         return ByteBuffer(
-            string: "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
+            string:
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
                 + "Retry-After: 1\r\nConnection: close\r\n\r\n" + body)
     }()
 
@@ -146,7 +148,8 @@ final class ConnectionRefusal: ChannelDuplexHandler {
             return
         }
         guard self.limit?.lingers(context.channel) ?? true else {
-            context.writeAndFlush(self.wrapOutboundOut(Self.reply)).whenComplete { _ in bound.value.close(promise: nil) }
+            context.writeAndFlush(self.wrapOutboundOut(Self.reply)).whenComplete { _ in bound.value.close(promise: nil)
+            }
             return
         }
         context.eventLoop.scheduleTask(in: self.deadline) { bound.value.close(promise: nil) }

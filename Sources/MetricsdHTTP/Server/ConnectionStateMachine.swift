@@ -250,7 +250,8 @@ struct ConnectionStateMachine {
     /// The dispatcher's reply to the current request is ready.
     mutating func replyReady(isWritable: Bool, now: NIODeadline) -> ReplyPlan {
         guard case .responding(let exchange) = self.state else { return .discard }
-        var plan = ReplyPlan(action: .writeAndEnd, bodyless: exchange.bodyless, announcesKeepAlive: exchange.announcesKeepAlive)
+        var plan = ReplyPlan(
+            action: .writeAndEnd, bodyless: exchange.bodyless, announcesKeepAlive: exchange.announcesKeepAlive)
         if exchange.closeAfter || !exchange.keepAlive || !exchange.requestEnded {
             self.state = .closing(deadline: now + self.timeouts.write)
             plan.action = .writeAndClose

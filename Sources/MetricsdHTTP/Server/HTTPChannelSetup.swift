@@ -22,7 +22,8 @@ import NIOSSL
 ///   - onServerRunning: called once every socket accepts, with their channels (for the bound addresses).
 package func buildHTTPServer(
     endpoints: [Endpoint], credentials: CredentialBox, inFlight: InFlightCounter, maxInFlight: Int,
-    requestLog: RequestLog, sockets: [ListenerSocket], timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
+    requestLog: RequestLog, sockets: [ListenerSocket], timeouts: HTTPTimeouts,
+    proxies: TrustedProxies = TrustedProxies(),
     tls: TLSIdentity? = nil, connectionLimit: ConnectionLimit.Settings? = nil,
     onServerRunning: (@Sendable ([any Channel]) async -> Void)? = nil, logger: Logger
 ) -> HTTPServer {
@@ -80,7 +81,8 @@ package struct HTTPChannelSetup: Sendable {
             let options = channel.syncOptions
             try options?.setOption(
                 ChannelOptions.recvAllocator,
-                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: HTTPConnectionHandler.readLimit))
+                value: AdaptiveRecvByteBufferAllocator(
+                    minimum: 64, initial: 2048, maximum: HTTPConnectionHandler.readLimit))
             try options?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
             let pipeline = channel.pipeline.syncOperations
             try pipeline.configureHTTPServerPipeline(

@@ -30,7 +30,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// The answer to bytes that are not HTTP/1.1 (this handler's, not `HTTPServerProtocolErrorHandler`'s, which
     /// would also answer the bytes after a request that closes the connection).
     static let badRequest = HTTPResponseHead(
-        version: .http1_1, status: .badRequest, headers: HTTPHeaders([("Connection", "close"), ("Content-Length", "0")]))
+        version: .http1_1, status: .badRequest,
+        headers: HTTPHeaders([("Connection", "close"), ("Content-Length", "0")]))
 
     private let dispatcher: APIDispatcher
     private let worker: ConnectionWorker
@@ -49,7 +50,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var context: ChannelHandlerContext?
 
     init(
-        dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts, proxies: TrustedProxies = TrustedProxies(),
+        dispatcher: APIDispatcher, worker: ConnectionWorker, timeouts: HTTPTimeouts,
+        proxies: TrustedProxies = TrustedProxies(),
         scheme: String = "http", now: NIODeadline
     ) {
         self.dispatcher = dispatcher
@@ -141,7 +143,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 bound.value.replyReady(reply, requestID: requestID)
             }
         case .sendContinue:
-            context.writeAndFlush(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
+            context.writeAndFlush(
+                self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
         case .close:
             context.close(promise: nil)
         case .refuseUnparsable:

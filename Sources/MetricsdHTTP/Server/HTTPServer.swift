@@ -52,7 +52,9 @@ package final class HTTPServer: Service, Sendable {
     package func run() async throws {
         var servers: [NIOAsyncChannel<HTTPChannelSetup.Connection, Never>] = []
         do {
-            for (socket, quiescing) in zip(self.sockets, self.quiescing) { servers.append(try await self.listen(socket, quiescing)) }
+            for (socket, quiescing) in zip(self.sockets, self.quiescing) {
+                servers.append(try await self.listen(socket, quiescing))
+            }
         } catch {
             // One socket that cannot be used stops the listener: those already open are closed again.
             for server in servers { try? await server.channel.close() }
@@ -130,7 +132,9 @@ package final class HTTPServer: Service, Sendable {
             }
             .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
         let setup = self.setup
-        let initializer: @Sendable (any Channel) -> EventLoopFuture<HTTPChannelSetup.Connection> = { setup.configure($0) }
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<HTTPChannelSetup.Connection> = {
+            setup.configure($0)
+        }
         let server: NIOAsyncChannel<HTTPChannelSetup.Connection, Never>
         switch socket {
         case .bind(let address):

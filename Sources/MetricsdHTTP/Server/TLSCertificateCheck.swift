@@ -43,17 +43,20 @@ package struct TLSCertificateCheck: Sendable {
         self.key = try Self.checkKey(Self.publicKey(der: der))
         if now >= self.notValidAfter {
             throw TLSIdentityError(
-                "the TLS certificate (serial \(self.serial)) expired on \(Self.date(self.notValidAfter)): install a renewed certificate")
+                "the TLS certificate (serial \(self.serial)) expired on \(Self.date(self.notValidAfter)): install a renewed certificate"
+            )
         }
         var warnings: [String] = []
         if now < self.notValidBefore {
             warnings.append(
-                "the TLS certificate (serial \(self.serial)) is not valid before \(Self.date(self.notValidBefore)): clients refuse it until then (check the host's clock, or keep the previous certificate until that time)")
+                "the TLS certificate (serial \(self.serial)) is not valid before \(Self.date(self.notValidBefore)): clients refuse it until then (check the host's clock, or keep the previous certificate until that time)"
+            )
         }
         if self.notValidAfter - now < Self.expiryWarningSeconds {
             let days = (self.notValidAfter - now) / 86_400
             warnings.append(
-                "the TLS certificate (serial \(self.serial)) expires on \(Self.date(self.notValidAfter)), in \(days == 0 ? "less than a day" : days == 1 ? "1 day" : "\(days) days"): renew it and reload")
+                "the TLS certificate (serial \(self.serial)) expires on \(Self.date(self.notValidAfter)), in \(days == 0 ? "less than a day" : days == 1 ? "1 day" : "\(days) days"): renew it and reload"
+            )
         }
         self.warnings = warnings
     }
@@ -65,16 +68,19 @@ package struct TLSCertificateCheck: Sendable {
 
     /// What the key is, or why it is refused.
     private static func checkKey(_ key: PublicKeyKind) throws(TLSIdentityError) -> String {
-        let advice = "issue a certificate for an EC P-256 key (certbot --key-type ecdsa) or an RSA key of at least \(Self.minimumRSABits) bits"
+        let advice =
+            "issue a certificate for an EC P-256 key (certbot --key-type ecdsa) or an RSA key of at least \(Self.minimumRSABits) bits"
         switch key {
         case .rsa(let bits) where bits >= Self.minimumRSABits:
             return "RSA \(bits) bits"
         case .rsa(let bits):
-            throw TLSIdentityError("the TLS certificate's key is RSA of \(bits) bits, under the \(Self.minimumRSABits) needed: \(advice)")
+            throw TLSIdentityError(
+                "the TLS certificate's key is RSA of \(bits) bits, under the \(Self.minimumRSABits) needed: \(advice)")
         case .ec(let curve, _) where ["P-256", "P-384", "P-521"].contains(curve):
             return "EC \(curve)"
         case .ec(let curve, let bits):
-            throw TLSIdentityError("the TLS certificate's key is EC on \(curve) (\(bits) bits), not P-256, P-384 or P-521: \(advice)")
+            throw TLSIdentityError(
+                "the TLS certificate's key is EC on \(curve) (\(bits) bits), not P-256, P-384 or P-521: \(advice)")
         case .edwards(let name):
             return name
         case .other(let name):
@@ -112,9 +118,14 @@ package struct TLSCertificateCheck: Sendable {
         case EVP_PKEY_EC:
             var name = [CChar](repeating: 0, count: 64)
             var length = 0
-            guard EVP_PKEY_get_group_name(key, &name, name.count, &length) == 1 else { return .ec(curve: "an unnamed curve", bits: bits) }
+            guard EVP_PKEY_get_group_name(key, &name, name.count, &length) == 1 else {
+                return .ec(curve: "an unnamed curve", bits: bits)
+            }
             let group = String(decoding: name.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            let nist = ["prime256v1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521", "secp224r1": "P-224", "prime192v1": "P-192"]
+            let nist = [
+                "prime256v1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521", "secp224r1": "P-224",
+                "prime192v1": "P-192",
+            ]
             return .ec(curve: nist[group] ?? group, bits: bits)
         case EVP_PKEY_ED25519:
             return .edwards("Ed25519")

@@ -1,5 +1,5 @@
-import HealthMetrics
 import CoreMetrics
+import HealthMetrics
 import NIOCore
 import NIOSSL
 import Synchronization
@@ -18,7 +18,8 @@ package final class TLSIdentity: Sendable {
     private let expiryGauges = Mutex<[Gauge]>([])
 
     /// The cipher suites offered under TLS 1.2.
-    static let tls12Ciphers = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+    static let tls12Ciphers =
+        "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
 
     /// - Parameters:
     ///   - certificate: PEM, the server's certificate first, then its intermediates (certbot's `fullchain.pem`).
@@ -42,7 +43,8 @@ package final class TLSIdentity: Sendable {
     /// Exports the certificate's expiry as `metricsd_tls_certificate_expiry_timestamp_seconds{listener}`, kept
     /// current through ``replace(certificate:key:now:)``.
     package func exportExpiry(listener: String) {
-        let gauge = Gauge(label: "metricsd_tls_certificate_expiry_timestamp_seconds", dimensions: [("listener", listener)])
+        let gauge = Gauge(
+            label: "metricsd_tls_certificate_expiry_timestamp_seconds", dimensions: [("listener", listener)])
         gauge.record(self.notValidAfter)
         self.expiryGauges.withLock { $0.append(gauge) }
     }
@@ -50,7 +52,8 @@ package final class TLSIdentity: Sendable {
     /// Replaces the certificate and key for new connections; on error the old ones stay.
     /// - Returns: the new certificate's check, with its warnings.
     @discardableResult
-    package func replace(certificate: String, key: String, now: Int = TLSCertificateCheck.now()) throws(TLSIdentityError)
+    package func replace(certificate: String, key: String, now: Int = TLSCertificateCheck.now())
+        throws(TLSIdentityError)
         -> TLSCertificateCheck
     {
         let (context, check) = try Self.make(certificate: certificate, key: key, now: now)
@@ -78,7 +81,9 @@ package final class TLSIdentity: Sendable {
         } catch {
             throw TLSIdentityError("the TLS certificate is not a PEM certificate (\(error))")
         }
-        guard let leaf = chain.first else { throw TLSIdentityError("the TLS certificate file holds no PEM certificate") }
+        guard let leaf = chain.first else {
+            throw TLSIdentityError("the TLS certificate file holds no PEM certificate")
+        }
         let check = try TLSCertificateCheck(leaf: leaf, now: now)
         let privateKey: NIOSSLPrivateKey
         do {

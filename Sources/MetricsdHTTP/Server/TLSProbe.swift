@@ -23,7 +23,8 @@ package enum TLSProbe {
             .connectTimeout(timeout)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: nil))
+                    try channel.pipeline.syncOperations.addHandler(
+                        NIOSSLClientHandler(context: context, serverHostname: nil))
                     try channel.pipeline.syncOperations.addHandler(ResponseCollector(received))
                 }
             }
@@ -31,7 +32,8 @@ package enum TLSProbe {
             received.fail(ChannelError.connectTimeout(timeout))
             return nil
         }
-        let request = "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\nUser-Agent: metricsd-check-config\r\n\r\n"
+        let request =
+            "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\nUser-Agent: metricsd-check-config\r\n\r\n"
         channel.writeAndFlush(ByteBuffer(string: request), promise: nil)
         let deadline = channel.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
         defer { deadline.cancel() }

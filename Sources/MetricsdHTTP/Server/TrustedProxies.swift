@@ -122,7 +122,9 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
                 let trimmed = pair.trimmingOWS()
                 guard trimmed.count > 4, trimmed.prefix(4).lowercased() == "for=" else { continue }
                 var value = trimmed.dropFirst(4)
-                if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = value.dropFirst().dropLast() }
+                if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 {
+                    value = value.dropFirst().dropLast()
+                }
                 hops.append(value)
             }
         }
@@ -131,7 +133,9 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
 
     /// `[2001:db8::1]:4711` → `2001:db8::1`, `192.0.2.1:80` → `192.0.2.1`; a bare address unchanged.
     static func stripPort(_ hop: Substring) -> Substring {
-        if hop.hasPrefix("["), let close = hop.firstIndex(of: "]") { return hop[hop.index(after: hop.startIndex)..<close] }
+        if hop.hasPrefix("["), let close = hop.firstIndex(of: "]") {
+            return hop[hop.index(after: hop.startIndex)..<close]
+        }
         if hop.filter({ $0 == ":" }).count == 1, let colon = hop.firstIndex(of: ":") { return hop[..<colon] }
         return hop
     }
@@ -143,7 +147,9 @@ public struct TrustedProxies: Sendable, Equatable, CustomStringConvertible {
         var v6 = in6_addr()
         guard inet_pton(AF_INET6, text, &v6) == 1 else { return nil }
         let bytes = withUnsafeBytes(of: &v6) { Array($0) }
-        if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF { return Array(bytes[12...]) }
+        if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF {
+            return Array(bytes[12...])
+        }
         return bytes
     }
 

@@ -43,12 +43,15 @@ extension ReadReplicas {
 
     /// Why the server on `server` does not follow the primary on `primary` (nil when it does), as the daemon
     /// decides it: for `metricsd check-config`.
-    public static func mismatch(of server: PostgresConnection, primary: PostgresConnection, standbysOnly: Bool) throws -> String? {
+    public static func mismatch(of server: PostgresConnection, primary: PostgresConnection, standbysOnly: Bool) throws
+        -> String?
+    {
         let query = "SELECT pg_is_in_recovery(), \(Self.identityColumns)"
         let observed = try server.query(query)
         let reference = try primary.query(query)
         return Self.mismatch(
-            observed: try Self.identity(observed, from: 1), inRecovery: try observed.bool(0, 0), standbysOnly: standbysOnly,
+            observed: try Self.identity(observed, from: 1), inRecovery: try observed.bool(0, 0),
+            standbysOnly: standbysOnly,
             primary: try Self.identity(reference, from: 1))?.detail
     }
 
@@ -86,6 +89,9 @@ extension ReadReplicas {
             )
         }
         guard standbysOnly else { return nil }
-        return (.primaryNotWanted, "the primary itself; target_session_attrs asks for standbys (the primary's reads go through DATABASE_URL)")
+        return (
+            .primaryNotWanted,
+            "the primary itself; target_session_attrs asks for standbys (the primary's reads go through DATABASE_URL)"
+        )
     }
 }

@@ -1,6 +1,6 @@
+import Logging
 import MetricsdPostgres
 import MetricsdWork
-import Logging
 import NIOPosix
 import ServiceLifecycle
 import Synchronization
@@ -58,7 +58,8 @@ extension ReadReplicas: Service {
             let (session, position, identity) = try await self.threads.runIfActive {
                 let session = try open?.value ?? PostgresConnection(settings: settings)
                 session.statementDeadlineSeconds = deadline
-                let result = try session.query("SELECT (pg_current_wal_insert_lsn() - '0/0')::text, \(Self.identityColumns)")
+                let result = try session.query(
+                    "SELECT (pg_current_wal_insert_lsn() - '0/0')::text, \(Self.identityColumns)")
                 return (UnsafeTransfer(session), try Self.position(result), try Self.identity(result, from: 1))
             }
             sampler.connection = session
@@ -125,7 +126,9 @@ extension ReadReplicas: Service {
                 let mismatch = Self.mismatch(
                     observed: found.identity, inRecovery: found.inRecovery, standbysOnly: server.standbysOnly,
                     primary: self.primaryIdentity.withLock { $0 })
-                let fresh = found.replayed.flatMap { position in self.history.withLock { $0.freshness(replayed: position) } }
+                let fresh = found.replayed.flatMap { position in
+                    self.history.withLock { $0.freshness(replayed: position) }
+                }
                 self.update(server) { state in
                     // A server that was down may come back behind where it was (a standby restarted after a crash
                     // replays again from its last restartpoint): only this probe says how fresh it is now. One that

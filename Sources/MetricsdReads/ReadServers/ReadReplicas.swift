@@ -1,8 +1,8 @@
-import MetricsdPostgres
-import MetricsdWork
 import CoreMetrics
 import HealthMetrics
 import Logging
+import MetricsdPostgres
+import MetricsdWork
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -33,7 +33,9 @@ public final class ReadReplicas: Sendable {
         public var acquireTimeout: TimeAmount
         public var maxSessionAge: Duration?
 
-        public init(maxLag: Duration, poolSize: Int, acquireTimeout: TimeAmount = .seconds(2), maxSessionAge: Duration? = nil) {
+        public init(
+            maxLag: Duration, poolSize: Int, acquireTimeout: TimeAmount = .seconds(2), maxSessionAge: Duration? = nil
+        ) {
             self.maxLag = maxLag
             self.poolSize = poolSize
             self.acquireTimeout = acquireTimeout
@@ -119,10 +121,16 @@ public final class ReadReplicas: Sendable {
                 if self.usable(at: now, maxLag: maxLag) { return nil }
                 if let failure {
                     guard self.unanswered else { return (.unreachable, "unreachable: \(failure)") }
-                    return (.notAnswering, "not answering: it took a connection but did not answer within the read bound")
+                    return (
+                        .notAnswering, "not answering: it took a connection but did not answer within the read bound"
+                    )
                 }
                 if let mismatch { return (mismatch.problem, mismatch.detail) }
-                return (.lagging, ReadReplicas.lagReason(staleness: self.staleness(at: now), paused: self.replayPaused, maxLag: maxLag))
+                return (
+                    .lagging,
+                    ReadReplicas.lagReason(
+                        staleness: self.staleness(at: now), paused: self.replayPaused, maxLag: maxLag)
+                )
             }
         }
 
@@ -145,7 +153,12 @@ public final class ReadReplicas: Sendable {
             self.lagGauge = Gauge(label: "metricsd_read_server_lag_seconds", dimensions: [("server", label)])
             self.problemGauges = Dictionary(
                 uniqueKeysWithValues: Problem.allCases.map { problem in
-                    (problem, Gauge(label: "metricsd_read_server_problem", dimensions: [("server", label), ("reason", problem.rawValue)]))
+                    (
+                        problem,
+                        Gauge(
+                            label: "metricsd_read_server_problem",
+                            dimensions: [("server", label), ("reason", problem.rawValue)])
+                    )
                 })
         }
 
@@ -169,7 +182,8 @@ public final class ReadReplicas: Sendable {
     let threads: NIOThreadPool
     private let turn = Atomic<Int>(0)
     private let primaryReads = Atomic<Int>(0)
-    private let primaryReadsCounter = Counter(label: "metricsd_read_server_reads_total", dimensions: [("server", "primary")])
+    private let primaryReadsCounter = Counter(
+        label: "metricsd_read_server_reads_total", dimensions: [("server", "primary")])
     private let missingCounter = Counter(label: "metricsd_read_fallbacks_total", dimensions: [("reason", "missing")])
     private let errorCounter = Counter(label: "metricsd_read_fallbacks_total", dimensions: [("reason", "error")])
 
@@ -227,7 +241,8 @@ public final class ReadReplicas: Sendable {
             var serverDeadline = ContinuousClock.now + .nanoseconds(Int64(self.readDeadlineSeconds * 1e9))
             if let deadline { serverDeadline = min(serverDeadline, deadline) }
             do {
-                found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) { connection in
+                found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) {
+                    connection in
                     try PostgresStore.readLatest(userIDs: userIDs, on: connection)
                 }
                 server.state.withLock {
@@ -248,7 +263,8 @@ public final class ReadReplicas: Sendable {
             }
         }
         guard !remaining.isEmpty else { return found }
-        let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) { [remaining] connection in
+        let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) {
+            [remaining] connection in
             try PostgresStore.readLatest(userIDs: remaining, on: connection)
         }
         self.primaryReads.add(remaining.count, ordering: .relaxed)
@@ -276,7 +292,8 @@ public final class ReadReplicas: Sendable {
     /// probe reaches it again.
     private func readFailed(on server: Server, _ error: any Error) {
         let summary = (error as? PostgresError)?.summary ?? "\(error)"
-        let unreachable = (error as? PostgresError).map { $0.code == .connectionFailed || $0.code == .connectionLost } ?? false
+        let unreachable =
+            (error as? PostgresError).map { $0.code == .connectionFailed || $0.code == .connectionLost } ?? false
         if unreachable {
             self.update(server) {
                 $0.up = false
@@ -316,13 +333,15 @@ public final class ReadReplicas: Sendable {
         metadata["metricsd.read_max_lag_s"] = "\(Self.rounded(Self.seconds(maxLag)))"
         metadata["metricsd.read_problem"] = "\(problem.0.rawValue)"
         metadata["metricsd.reason"] = "\(problem.1)"
-        self.logger.warning("Not reading from read server; reads go to the primary or another read server", metadata: metadata)
+        self.logger.warning(
+            "Not reading from read server; reads go to the primary or another read server", metadata: metadata)
     }
 
     /// Why a server that follows the primary is not usable for its lag, in a few words.
     static func lagReason(staleness: Duration?, paused: Bool, maxLag: Duration) -> String {
         guard let staleness else { return "replay position not known" }
-        let behind = "\(Self.rounded(Self.seconds(staleness))) s behind the primary (bound \(Self.rounded(Self.seconds(maxLag))) s)"
+        let behind =
+            "\(Self.rounded(Self.seconds(staleness))) s behind the primary (bound \(Self.rounded(Self.seconds(maxLag))) s)"
         return paused ? "replay paused, \(behind)" : behind
     }
 
@@ -335,12 +354,15 @@ public final class ReadReplicas: Sendable {
                 let problem = state.problem(at: now, maxLag: maxLag)
                 let staleness = state.staleness(at: now)
                 return ServerStatus(
-                    server: server.label, usable: problem == nil, lagSeconds: staleness.map(Self.seconds), reads: state.reads,
+                    server: server.label, usable: problem == nil, lagSeconds: staleness.map(Self.seconds),
+                    reads: state.reads,
                     problem: problem?.1)
             }
         }
         all.append(
-            ServerStatus(server: "primary", usable: true, lagSeconds: 0, reads: self.primaryReads.load(ordering: .relaxed), problem: nil))
+            ServerStatus(
+                server: "primary", usable: true, lagSeconds: 0, reads: self.primaryReads.load(ordering: .relaxed),
+                problem: nil))
         return all
     }
 

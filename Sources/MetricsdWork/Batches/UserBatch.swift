@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 /// One user as the batch queries read them (`SQL.readUsers`).
 package struct UserRow {

@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 extension WorkQueue {
     /// What processing a chunk came to.

@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 import Tracing
 
 /// A chunk this worker holds.
@@ -59,7 +59,8 @@ public struct ClaimedChunk: Sendable, Hashable {
     var spanAttributes: [(String, SpanAttribute)] {
         var attributes: [(String, SpanAttribute)] = [
             ("metricsd.chunk.id", .int64(self.id)), ("metricsd.chunk.range_start", .int64(self.rangeStart)),
-            ("metricsd.chunk.range_end", .int64(self.rangeEnd)), ("metricsd.formula.version", .int64(Int64(self.version))),
+            ("metricsd.chunk.range_end", .int64(self.rangeEnd)),
+            ("metricsd.formula.version", .int64(Int64(self.version))),
         ]
         switch self.kind {
         case .daily(let zone, let date):

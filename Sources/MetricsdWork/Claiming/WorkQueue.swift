@@ -1,12 +1,13 @@
-import MetricsdPostgres
 import CoreMetrics
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import HealthMetrics
 import Logging
+import MetricsdPostgres
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// Durable, claimable work over PostgreSQL: daily units and recompute jobs, split into chunks of user-id ranges,
 /// and retention runs, split into chunks of one `metrics_date` each, that any instance claims with a row lease and
@@ -92,7 +93,9 @@ public struct WorkQueue: Sendable {
     public func addMonthlyPartitions() async throws -> Int {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             try connection.transaction { connection in
-                Int(try connection.query("SELECT metricsd_add_partitions((now() + interval '2 months')::date)").int(0, 0))
+                Int(
+                    try connection.query("SELECT metricsd_add_partitions((now() + interval '2 months')::date)").int(
+                        0, 0))
             }
         }
     }
@@ -106,13 +109,14 @@ public struct WorkQueue: Sendable {
     public func truncateEmptiedPartitions(retentionDays: Int, now: Timestamp? = nil) async throws -> Int {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             // One statement: its own transaction, which the function's lock timeout and advisory lock last for.
-            Int(try connection.query(
-                """
-                SELECT metricsd_truncate_empty_partitions(
-                  (coalesce($2::timestamptz, now()) - make_interval(days => $1::int))::date - 1)
-                """,
-                [String(retentionDays), now?.iso8601]
-            ).int(0, 0))
+            Int(
+                try connection.query(
+                    """
+                    SELECT metricsd_truncate_empty_partitions(
+                      (coalesce($2::timestamptz, now()) - make_interval(days => $1::int))::date - 1)
+                    """,
+                    [String(retentionDays), now?.iso8601]
+                ).int(0, 0))
         }
     }
 
@@ -160,7 +164,8 @@ public struct WorkQueue: Sendable {
                     throw PostgresError(code: .unexpectedResult, message: "unit date \(date) is not a date")
                 }
                 return NewUnit(
-                    timezone: try created.requiredString(row, 0), localDate: localDate, chunks: Int(try created.int(row, 2)))
+                    timezone: try created.requiredString(row, 0), localDate: localDate,
+                    chunks: Int(try created.int(row, 2)))
             }
         }
     }
@@ -185,8 +190,11 @@ public struct WorkQueue: Sendable {
         let version = String(self.formula.version)
         return try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.prepared(
-                "claim_chunk", SQL.claimChunk, [now?.iso8601, owner, lease, version, retention ? "true" : "false",
-                 Self.newestMigration])
+                "claim_chunk", SQL.claimChunk,
+                [
+                    now?.iso8601, owner, lease, version, retention ? "true" : "false",
+                    Self.newestMigration,
+                ])
             guard result.rowCount == 1 else { return nil }
             if try result.requiredString(0, 1) == "retention" { return .retention(try RetentionChunk(result, row: 0)) }
             return .users(try ClaimedChunk(result, row: 0))
@@ -230,7 +238,9 @@ public struct WorkQueue: Sendable {
     /// A daily unit or recompute job whose chunks are all done, marked done by this call.
     public enum Finished: Sendable, Hashable {
         /// `seconds` from the unit's first claim to now; `delaySeconds` from its due instant to now.
-        case unit(timezone: String, localDate: LocalDate, version: Int, counts: WorkCounts, seconds: Double, delaySeconds: Double)
+        case unit(
+            timezone: String, localDate: LocalDate, version: Int, counts: WorkCounts, seconds: Double,
+            delaySeconds: Double)
         case job(id: Int64, counts: WorkCounts, seconds: Double)
     }
 

@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 /// A recompute-all job and its progress, as `GET /v1/admin/recompute/{id}` and `metricsd recompute-status` show it.
 public struct RecomputeJob: Sendable, Hashable {
@@ -98,7 +98,9 @@ public struct RecomputeJobs: Sendable {
     private struct RetryTrigger: Error {}
 
     private enum Inserted {
-        case created(Int64), active(Int64), nothingToDo(Int64?)
+        case created(Int64)
+        case active(Int64)
+        case nothingToDo(Int64?)
     }
 
     /// A user needs work when they have neither this version's row for their current local date (UTC for zones
@@ -123,7 +125,9 @@ public struct RecomputeJobs: Sendable {
 
     private func triggerOnce(version: Int, requestedBy: String) async throws -> TriggerOutcome {
         let chunkSize = String(self.chunkSize)
-        let inserted = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        let inserted = try await self.pool.withConnection(
+            retryOnConnectionLoss: true, deadline: self.pool.requestDeadline
+        ) { connection in
             try connection.transaction { connection -> Inserted in
                 let inserted = try connection.query(
                     """
@@ -215,7 +219,9 @@ public struct RecomputeJobs: Sendable {
     /// Stops a job: its pending chunks are not claimed any more, and a worker holding one stops at its next
     /// batch (the fence sees the state change). Users already done stay done; triggering again continues.
     public func cancel(id: Int64) async throws -> CancelOutcome {
-        let changed = try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+        let changed = try await self.pool.withConnection(
+            retryOnConnectionLoss: true, deadline: self.pool.requestDeadline
+        ) { connection in
             try connection.query(
                 """
                 WITH job AS (
@@ -234,8 +240,10 @@ public struct RecomputeJobs: Sendable {
         return changed == 1 ? .cancelled(job) : .alreadyFinished(job)
     }
 
-    private func jobs(where condition: String, _ parameters: [String?], limit: Int = 20) async throws -> [RecomputeJob] {
-        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) { connection in
+    private func jobs(where condition: String, _ parameters: [String?], limit: Int = 20) async throws -> [RecomputeJob]
+    {
+        try await self.pool.withConnection(retryOnConnectionLoss: true, deadline: self.pool.requestDeadline) {
+            connection in
             let result = try connection.query(
                 """
                 SELECT j.id, j.version, j.state, j.users_total,

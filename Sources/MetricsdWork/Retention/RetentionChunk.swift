@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 /// A retention chunk this worker holds: the rows of one `metrics_date` that its run may remove.
 public struct RetentionChunk: Sendable, Hashable {

@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 /// Where retention stands (`metricsd status`, `/metrics`): the latest run and how far removal is behind.
 public struct RetentionStatus: Sendable, Equatable {
@@ -28,7 +28,9 @@ extension StatusQueries {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.prepared("retention_status", SQL.retentionStatus, [now?.iso8601, String(days)])
             let behind = result.string(0, 9).flatMap(Double.init) ?? 0
-            guard let id = try result.optionalInt(0, 0) else { return RetentionStatus(latest: nil, behindSeconds: behind) }
+            guard let id = try result.optionalInt(0, 0) else {
+                return RetentionStatus(latest: nil, behindSeconds: behind)
+            }
             let run = RetentionStatus.Run(
                 id: id, state: try result.requiredString(0, 1),
                 cutoff: Timestamp(millisecondsSinceEpoch: try result.int(0, 2)), fullPass: try result.bool(0, 3),

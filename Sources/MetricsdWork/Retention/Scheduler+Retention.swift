@@ -15,7 +15,9 @@ extension Scheduler {
                 "metricsd.retention.cutoff": "\(run.cutoff)", "metricsd.retention.full_pass": "\(run.fullPass)",
                 "metricsd.chunks": "\(run.chunks)",
             ]
-            if let dates = run.dates { metadata["metricsd.retention.dates"] = "\(dates.lowerBound)..\(dates.upperBound)" }
+            if let dates = run.dates {
+                metadata["metricsd.retention.dates"] = "\(dates.lowerBound)..\(dates.upperBound)"
+            }
             // A full pass (the first, then weekly) may take a while on a large table; the hourly ones are routine.
             self.logger.log(level: run.fullPass ? .info : .debug, "Retention run due", metadata: metadata)
             if run.chunks > 0 { self.signal.notify() }
@@ -36,7 +38,8 @@ extension Scheduler {
             self.logger.info("Chunk handed back on shutdown", metadata: Self.metadata(.retention(chunk)))
         case .yielded:
             self.logger.debug(
-                "Retention chunk handed back: daily or recompute work is waiting", metadata: Self.metadata(.retention(chunk)))
+                "Retention chunk handed back: daily or recompute work is waiting",
+                metadata: Self.metadata(.retention(chunk)))
         case .leaseLost:
             self.logger.warning(
                 "Chunk lease lost to another worker; batch rolled back", metadata: Self.metadata(.retention(chunk)))

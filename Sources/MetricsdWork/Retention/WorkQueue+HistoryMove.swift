@@ -114,7 +114,8 @@ extension WorkQueue {
     /// `body` in a READ COMMITTED transaction, whatever the server's default: the replay must see every log entry
     /// committed before each of its statements (the swap's last one, after its lock), which one snapshot for the
     /// whole transaction would not.
-    static func readCommitted<T>(_ connection: PostgresConnection, _ body: (PostgresConnection) throws -> T) throws -> T {
+    static func readCommitted<T>(_ connection: PostgresConnection, _ body: (PostgresConnection) throws -> T) throws -> T
+    {
         try connection.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         do {
             let value = try body(connection)
@@ -143,7 +144,8 @@ extension WorkQueue {
     /// already there, and an index a crash left invalid is dropped and built again. Under the move's session lock,
     /// one instance at a time; no statement deadline (a month's index takes as long as its rows need).
     private func indexMonth(_ partition: String, interrupt: HistoryMoveInterrupt?) async throws -> HistoryMoveStep {
-        guard partition.utf8.allSatisfy({ ($0 >= 0x61 && $0 <= 0x7a) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5f }) else {
+        guard partition.utf8.allSatisfy({ ($0 >= 0x61 && $0 <= 0x7a) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5f })
+        else {
             throw PostgresError(code: .unexpectedResult, message: "history_move_months names the table \(partition)")
         }
         let (key1, key2) = Self.historyMoveLock
@@ -169,9 +171,11 @@ extension WorkQueue {
                 try run("DROP INDEX CONCURRENTLY IF EXISTS \(try invalid.requiredString(row, 0))")
             }
             try run(
-                "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_date_version_user_key ON \(partition) (metrics_date, version, user_id)")
+                "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_date_version_user_key ON \(partition) (metrics_date, version, user_id)"
+            )
             try run(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_user_computed_at_idx ON \(partition) (user_id, computed_at DESC)")
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS \(partition)_user_computed_at_idx ON \(partition) (user_id, computed_at DESC)"
+            )
             let key = try connection.query(
                 "SELECT convalidated FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'f'", [partition])
             if key.rowCount == 0 {
@@ -179,7 +183,8 @@ extension WorkQueue {
                     try connection.transaction { connection in
                         try connection.execute("SET LOCAL lock_timeout = '200ms'")
                         try connection.execute(
-                            "ALTER TABLE \(partition) ADD CONSTRAINT \(partition)_user_id_fkey FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE NOT VALID")
+                            "ALTER TABLE \(partition) ADD CONSTRAINT \(partition)_user_id_fkey FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE NOT VALID"
+                        )
                     }
                 } catch let error as PostgresError where error.sqlState == "55P03" {
                     return .busy

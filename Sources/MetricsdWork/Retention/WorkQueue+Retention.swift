@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 extension WorkQueue {
     // MARK: Retention runs
@@ -20,7 +20,8 @@ extension WorkQueue {
     /// one's (`SQL.enqueueRetention`); nil when nothing was created. Safe on every instance at once.
     public func enqueueRetention(days: Int, now: Timestamp? = nil) async throws -> NewRetentionRun? {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
-            let result = try connection.prepared("enqueue_retention", SQL.enqueueRetention, [now?.iso8601, String(days), Self.newestMigration])
+            let result = try connection.prepared(
+                "enqueue_retention", SQL.enqueueRetention, [now?.iso8601, String(days), Self.newestMigration])
             guard result.rowCount == 1 else { return nil }
             var dates: ClosedRange<LocalDate>?
             if let from = result.string(0, 3).flatMap({ LocalDate(iso: $0) }),
@@ -91,7 +92,8 @@ extension WorkQueue {
 
     /// Removes what the next batch of the chunk's date may lose (`SQL.retentionBatch`), fenced on the lease, and
     /// counts it on the chunk in the same transaction. Nil when the lease is lost.
-    private func removeBatch(_ chunk: RetentionChunk, after cursor: Int64, now: Timestamp?) async throws -> RemovalStep? {
+    private func removeBatch(_ chunk: RetentionChunk, after cursor: Int64, now: Timestamp?) async throws -> RemovalStep?
+    {
         let owner = self.owner
         let configuration = self.configuration
         let faults = self.faults

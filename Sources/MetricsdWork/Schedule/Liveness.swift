@@ -1,10 +1,11 @@
 import MetricsdPostgres
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// When the scheduler loop last went round, read by the watchdog: pings stop when it is stale.
 public final class Liveness: Sendable {
@@ -52,7 +53,7 @@ public final class WorkSignal: Sendable {
             state.waiters = [:]
             return waiters
         }
-        waiters.values.forEach { $0.resume() }
+        for waiter in waiters.values { waiter.resume() }
     }
 
     /// Waits for `notify()` or `timeout`, whichever comes first; returns early on cancellation.

@@ -1,9 +1,4 @@
 import CoreMetrics
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import HealthMetrics
 import Logging
 import MetricsdPostgres
@@ -11,6 +6,12 @@ import MetricsdSystemd
 import MetricsdTracing
 import ServiceLifecycle
 import Synchronization
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// The daily job, recompute and retention workers of one instance.
 ///
@@ -52,7 +53,8 @@ public struct Scheduler: Service {
 
     package init(
         queue: WorkQueue, dailyAt: ReadMostly<DailyTime>, configuration: Configuration, liveness: Liveness,
-        signal: WorkSignal, started: @escaping @Sendable () -> Void, status: StatusBoard, reporter: OperatorMetrics, logger: Logger
+        signal: WorkSignal, started: @escaping @Sendable () -> Void, status: StatusBoard, reporter: OperatorMetrics,
+        logger: Logger
     ) {
         self.queue = queue
         self.dailyAt = dailyAt
@@ -91,7 +93,8 @@ public struct Scheduler: Service {
                 if now >= nextTick {
                     ticks += 1
                     nextTick = Self.nextTick(
-                        after: now, interval: self.configuration.tick, databaseClockOffset: self.databaseClockOffset.value)
+                        after: now, interval: self.configuration.tick,
+                        databaseClockOffset: self.databaseClockOffset.value)
                     let refresh = lastTimezoneRefresh.map { now - $0 > .seconds(3600) } ?? true
                     if refresh { lastTimezoneRefresh = now }
                     if tickRunning.set() {
@@ -196,10 +199,12 @@ public struct Scheduler: Service {
         do {
             let created = try await self.queue.addMonthlyPartitions()
             if created > 0 {
-                self.logger.info("Added monthly partitions of profile_metrics", metadata: ["metricsd.partitions": "\(created)"])
+                self.logger.info(
+                    "Added monthly partitions of profile_metrics", metadata: ["metricsd.partitions": "\(created)"])
             }
         } catch {
-            self.logger.warning("Could not add the monthly partitions of profile_metrics", metadata: .errorFields(error))
+            self.logger.warning(
+                "Could not add the monthly partitions of profile_metrics", metadata: .errorFields(error))
         }
     }
 
@@ -388,4 +393,3 @@ public struct Scheduler: Service {
         return text.count > 80 ? String(text.prefix(79)) + "…" : text
     }
 }
-

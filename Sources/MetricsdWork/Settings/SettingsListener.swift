@@ -162,7 +162,9 @@ package struct SettingsListener: Service {
         }
     }
 
-    private func listen(on connection: PostgresConnection, watermark: inout String?, interrupter: WaitInterrupter) async throws {
+    private func listen(on connection: PostgresConnection, watermark: inout String?, interrupter: WaitInterrupter)
+        async throws
+    {
         var lastSweep = ContinuousClock.now
         var lastHeard = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
@@ -215,7 +217,8 @@ package struct SettingsListener: Service {
             ).int(0, 0)
         }
         guard listening == 2 else {
-            throw PostgresError(code: .connectionLost, message: "the settings listener's session no longer listens on its channels")
+            throw PostgresError(
+                code: .connectionLost, message: "the settings listener's session no longer listens on its channels")
         }
     }
 

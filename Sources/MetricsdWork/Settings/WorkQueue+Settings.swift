@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 import ServiceLifecycle
 
 extension WorkQueue {

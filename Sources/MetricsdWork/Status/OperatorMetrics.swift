@@ -152,7 +152,8 @@ package final class OperatorMetrics: Sendable {
     /// first observations already counted shows no increase over any range.
     func registerLateness(_ utcOffsets: [Int]) {
         for offset in utcOffsets {
-            _ = Timer(label: "metricsd_daily_lateness_seconds", dimensions: [("utc_offset", Self.utcOffsetLabel(offset))])
+            _ = Timer(
+                label: "metricsd_daily_lateness_seconds", dimensions: [("utc_offset", Self.utcOffsetLabel(offset))])
         }
     }
 
@@ -165,7 +166,8 @@ package final class OperatorMetrics: Sendable {
     /// `+05:45`, `-03:30`, `+00:00`.
     static func utcOffsetLabel(_ seconds: Int) -> String {
         let minutes = abs(seconds) / 60
-        let hours = minutes / 60, rest = minutes % 60
+        let hours = minutes / 60
+        let rest = minutes % 60
         return (seconds < 0 ? "-" : "+") + (hours < 10 ? "0" : "") + "\(hours):" + (rest < 10 ? "0" : "") + "\(rest)"
     }
 

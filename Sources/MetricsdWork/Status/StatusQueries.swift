@@ -1,5 +1,5 @@
-import MetricsdPostgres
 import HealthMetrics
+import MetricsdPostgres
 
 /// What an operator asks at 00:30, answered from the database alone (`metricsd status`, `/metrics` gauges).
 public struct StatusQueries: Sendable {
@@ -135,7 +135,8 @@ public struct StatusQueries: Sendable {
     public func skipsByReason() async throws -> [(reason: String, users: Int)] {
         try await self.pool.withConnection(retryOnConnectionLoss: true) { connection in
             let result = try connection.query(
-                "SELECT code, count(*) FROM metrics_skips, unnest(reason_codes) AS code GROUP BY code ORDER BY 2 DESC, 1")
+                "SELECT code, count(*) FROM metrics_skips, unnest(reason_codes) AS code GROUP BY code ORDER BY 2 DESC, 1"
+            )
             return try (0..<result.rowCount).map { (try result.requiredString($0, 0), Int(try result.int($0, 1))) }
         }
     }
@@ -182,7 +183,9 @@ public struct StatusQueries: Sendable {
                 LEFT JOIN profile_metrics_latest l ON l.user_id = u.id
                 GROUP BY l.version ORDER BY l.version NULLS FIRST
                 """)
-            return try (0..<result.rowCount).map { (try result.optionalInt($0, 0).map(Int.init), Int(try result.int($0, 1))) }
+            return try (0..<result.rowCount).map {
+                (try result.optionalInt($0, 0).map(Int.init), Int(try result.int($0, 1)))
+            }
         }
     }
 }

@@ -11,20 +11,28 @@ extension ConfigCheck {
         let (publicTLS, internalTLS) = (mode == "public" || mode == "both", mode == "internal" || mode == "both")
         if let unit = systemd?.publicSocket, unit.isUsed, !unit.listen.isEmpty, let systemd {
             for (text, address) in unit.addresses {
-                await self.checkSocket("listen", unit: unit, text: text, address: address, tls: publicTLS, serviceActive: systemd.serviceActive)
+                await self.checkSocket(
+                    "listen", unit: unit, text: text, address: address, tls: publicTLS,
+                    serviceActive: systemd.serviceActive)
             }
         } else {
             let text = environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
-            if let address = ListenAddress(parsing: text) { await self.checkListener("METRICSD_LISTEN", address, tls: publicTLS) }
+            if let address = ListenAddress(parsing: text) {
+                await self.checkListener("METRICSD_LISTEN", address, tls: publicTLS)
+            }
         }
         if !(environment["METRICSD_METRICS_LISTEN"] ?? "").isEmpty {
-            self.warn("METRICSD_METRICS_LISTEN", "the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it")
+            self.warn(
+                "METRICSD_METRICS_LISTEN",
+                "the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it")
         }
         var hasInternal = false
         if let unit = systemd?.internalSocket, unit.isUsed, !unit.listen.isEmpty, let systemd {
             hasInternal = true
             for (text, address) in unit.addresses {
-                await self.checkSocket("internal", unit: unit, text: text, address: address, tls: internalTLS, serviceActive: systemd.serviceActive)
+                await self.checkSocket(
+                    "internal", unit: unit, text: text, address: address, tls: internalTLS,
+                    serviceActive: systemd.serviceActive)
             }
         } else {
             for name in ["METRICSD_INTERNAL_LISTEN", "METRICSD_METRICS_LISTEN"] {
@@ -34,8 +42,13 @@ extension ConfigCheck {
             }
         }
         if !hasInternal {
-            self.note("internal", "none: /metrics and the admin API on the public listener (METRICSD_INTERNAL_LISTEN or metricsd-internal.socket separates them)")
-            if internalTLS { self.problem("METRICSD_TLS", Configuration.tlsWithoutInternalListener(onPublic: publicTLS)) }
+            self.note(
+                "internal",
+                "none: /metrics and the admin API on the public listener (METRICSD_INTERNAL_LISTEN or metricsd-internal.socket separates them)"
+            )
+            if internalTLS {
+                self.problem("METRICSD_TLS", Configuration.tlsWithoutInternalListener(onPublic: publicTLS))
+            }
         }
         self.checkProxies(environment)
     }
@@ -66,31 +79,38 @@ extension ConfigCheck {
     /// A socket of a socket unit. systemd holds it while the unit is active: it is then asked only when the
     /// service runs (a connection to it would start metricsd otherwise).
     mutating func checkSocket(
-        _ label: String, unit: SystemdSockets.Unit, text: String, address: ListenAddress?, tls: Bool, serviceActive: Bool
+        _ label: String, unit: SystemdSockets.Unit, text: String, address: ListenAddress?, tls: Bool,
+        serviceActive: Bool
     ) async {
         let source = unit.id
         let held = unit.activeState == "active"
         guard let address, address.unixPath == nil else {
-            self.note(label, "\(text) (\(source)\(held ? ", held by systemd" : ", systemd opens it when the socket starts"))")
+            self.note(
+                label, "\(text) (\(source)\(held ? ", held by systemd" : ", systemd opens it when the socket starts"))")
             return
         }
         if label == "internal" { self.warnIfReachable(source, address) }
         let protocolName = tls ? "TLS" : "plain HTTP"
         if held && !serviceActive {
-            self.note(label, "\(address) (\(source), held by systemd; metricsd starts on the first connection, \(protocolName))")
+            self.note(
+                label,
+                "\(address) (\(source), held by systemd; metricsd starts on the first connection, \(protocolName))")
             return
         }
         if !held, case .free = ListenerProbe.bind(address) {
-            self.note(label, "\(address) (\(source), free; systemd listens there once the socket starts, \(protocolName))")
+            self.note(
+                label, "\(address) (\(source), free; systemd listens there once the socket starts, \(protocolName))")
             return
         }
         if let answeredTLS = await Self.metricsdAnswers(address, tls: tls) {
-            self.note(label, "\(address) (\(source), a running metricsd answers, \(answeredTLS ? "TLS" : "plain HTTP"))")
+            self.note(
+                label, "\(address) (\(source), a running metricsd answers, \(answeredTLS ? "TLS" : "plain HTTP"))")
             self.warnIfOtherProtocol(source, address, configured: tls, answered: answeredTLS)
         } else if held {
             self.note(label, "\(address) (\(source), held by systemd; metricsd does not answer there yet)")
         } else {
-            self.problem(source, .listenUnavailable, "\(address) is in use by another program: systemd cannot listen there")
+            self.problem(
+                source, .listenUnavailable, "\(address) is in use by another program: systemd cannot listen there")
         }
     }
 
@@ -103,7 +123,9 @@ extension ConfigCheck {
             let response: String?
             if overTLS {
                 response = await TLSProbe.get(host: host, port: address.port, path: "/healthz", timeout: .seconds(2))
-            } else if case .success(let answer) = SimpleHTTP.get(host: host, port: address.port, path: "/healthz", timeout: 2) {
+            } else if case .success(let answer) = SimpleHTTP.get(
+                host: host, port: address.port, path: "/healthz", timeout: 2)
+            {
                 response = "HTTP/1.1 \(answer.status) \r\n\r\n" + answer.body
             } else {
                 response = nil
@@ -115,7 +137,9 @@ extension ConfigCheck {
 
     /// metricsd's `/healthz`: `200` with the body `{"status":"ok"}`.
     static func isMetricsdHealth(_ response: String) -> Bool {
-        guard response.hasPrefix("HTTP/1.1 200 "), let headEnd = response.firstRange(of: "\r\n\r\n") else { return false }
+        guard response.hasPrefix("HTTP/1.1 200 "), let headEnd = response.firstRange(of: "\r\n\r\n") else {
+            return false
+        }
         return response[headEnd.upperBound...].trimmingWhitespace() == #"{"status":"ok"}"#
     }
 
@@ -123,22 +147,31 @@ extension ConfigCheck {
         guard !address.isLocal else { return }
         self.warn(
             setting,
-            "\(address) is reachable from other hosts: the admin API is then protected by its token alone (use a loopback address or unix:PATH)")
+            "\(address) is reachable from other hosts: the admin API is then protected by its token alone (use a loopback address or unix:PATH)"
+        )
     }
 
     mutating func warnIfOtherProtocol(_ setting: String, _ address: ListenAddress, configured: Bool, answered: Bool) {
         guard configured != answered else { return }
         self.warn(
             "METRICSD_TLS",
-            "the running metricsd speaks \(answered ? "TLS" : "plain HTTP") on \(address) (\(setting)), this configuration \(configured ? "TLS" : "plain HTTP"): restart metricsd to apply it")
+            "the running metricsd speaks \(answered ? "TLS" : "plain HTTP") on \(address) (\(setting)), this configuration \(configured ? "TLS" : "plain HTTP"): restart metricsd to apply it"
+        )
     }
 
     /// The forwarded-address header read behind the trusted proxies, and a warning for a range that holds much of
     /// the internet.
     mutating func checkProxies(_ environment: [String: String]) {
-        guard let text = environment["METRICSD_TRUSTED_PROXIES"], let proxies = TrustedProxies(parsing: text) else { return }
-        let header = environment["METRICSD_FORWARDED_HEADER"].flatMap { ForwardedHeader(rawValue: $0.lowercased()) } ?? .xForwardedFor
-        self.note("proxies", "the client address in \(header.fieldName) from \(proxies) is logged (\(header.other.fieldName) is ignored)")
+        guard let text = environment["METRICSD_TRUSTED_PROXIES"], let proxies = TrustedProxies(parsing: text) else {
+            return
+        }
+        let header =
+            environment["METRICSD_FORWARDED_HEADER"].flatMap { ForwardedHeader(rawValue: $0.lowercased()) }
+            ?? .xForwardedFor
+        self.note(
+            "proxies",
+            "the client address in \(header.fieldName) from \(proxies) is logged (\(header.other.fieldName) is ignored)"
+        )
         if let warning = Configuration.trustedProxiesWarning(proxies) {
             self.warn("METRICSD_TRUSTED_PROXIES", warning)
         }

@@ -11,10 +11,14 @@ extension ConfigCheck {
         guard !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) else { return }
         let password = try? Secrets.read(
             credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-        guard var settings = try? ConnectionSettings(
-            conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+        guard
+            var settings = try? ConnectionSettings(
+                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
         else { return }
-        let mode = environment["METRICSD_DB_PREPARED_STATEMENTS"].flatMap { ConnectionSettings.StatementMode(rawValue: $0.lowercased()) } ?? .auto
+        let mode =
+            environment["METRICSD_DB_PREPARED_STATEMENTS"].flatMap {
+                ConnectionSettings.StatementMode(rawValue: $0.lowercased())
+            } ?? .auto
         settings.statementMode = .named
         let probe = settings
         let result = await Task.detached { Result { () throws(PostgresError) in try Self.poolerFacts(probe) } }.value
@@ -22,23 +26,34 @@ extension ConfigCheck {
             if case .success = result { self.note("pooler", "none (a direct connection): named prepared statements") }
             return
         }
-        let sharing = facts.sharesServers ? "shares server sessions between clients (transaction pooling)" : "keeps a server session per client (session pooling)"
-        let named = facts.sharesServers ? (facts.carriesNamed ? "carries named statements across them" : "does not carry named statements across them") : ""
-        self.note("pooler", "a connection pooler answers for DATABASE_URL; it \(sharing)\(named.isEmpty ? "" : "; it " + named)")
+        let sharing =
+            facts.sharesServers
+            ? "shares server sessions between clients (transaction pooling)"
+            : "keeps a server session per client (session pooling)"
+        let named =
+            facts.sharesServers
+            ? (facts.carriesNamed
+                ? "carries named statements across them" : "does not carry named statements across them") : ""
+        self.note(
+            "pooler",
+            "a connection pooler answers for DATABASE_URL; it \(sharing)\(named.isEmpty ? "" : "; it " + named)")
         if mode == .named && facts.sharesServers && !facts.carriesNamed {
             self.problem(
                 "METRICSD_DB_PREPARED_STATEMENTS", ConfigurationError.Kind.invalidValue,
-                "named prepared statements fail through this pooler (another client's server session runs them: SQLSTATE 26000/42P05): set METRICSD_DB_PREPARED_STATEMENTS=auto or unnamed, or max_prepared_statements = 200 in PgBouncer 1.21 or later")
+                "named prepared statements fail through this pooler (another client's server session runs them: SQLSTATE 26000/42P05): set METRICSD_DB_PREPARED_STATEMENTS=auto or unnamed, or max_prepared_statements = 200 in PgBouncer 1.21 or later"
+            )
         }
         if settings.setsStartupOptions(environment: environment) {
             self.problem(
                 "DATABASE_URL", ConfigurationError.Kind.invalidValue,
-                "options (in DATABASE_URL or PGOPTIONS) goes through a pooler, which refuses it or, with ignore_startup_parameters, drops it silently: remove it and set what it set on the role instead (ALTER ROLE … SET …)")
+                "options (in DATABASE_URL or PGOPTIONS) goes through a pooler, which refuses it or, with ignore_startup_parameters, drops it silently: remove it and set what it set on the role instead (ALTER ROLE … SET …)"
+            )
         }
         if (environment["METRICSD_NOTIFY_DATABASE_URL"] ?? "").isEmpty {
             self.warn(
                 "METRICSD_NOTIFY_DATABASE_URL",
-                "not set while DATABASE_URL goes through a pooler: the daemon does not LISTEN and polls for settings changes every METRICSD_IDLE_POLL_SECONDS; set it to the primary itself (or HAProxy's primary port, or a session-mode pool) for changes within a second")
+                "not set while DATABASE_URL goes through a pooler: the daemon does not LISTEN and polls for settings changes every METRICSD_IDLE_POLL_SECONDS; set it to the primary itself (or HAProxy's primary port, or a session-mode pool) for changes within a second"
+            )
         }
     }
 

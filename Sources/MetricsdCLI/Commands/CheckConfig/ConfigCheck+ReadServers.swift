@@ -1,12 +1,13 @@
-import MetricsdConfiguration
-import MetricsdReads
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
+import MetricsdConfiguration
 import MetricsdPostgres
+import MetricsdReads
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 extension ConfigCheck {
     /// Each read server of `METRICSD_READ_DATABASE_URL` (nothing when unset): reachable on its own, a standby (or the
@@ -24,7 +25,8 @@ extension ConfigCheck {
             servers = try ConnectionSettings(
                 conninfo: url, password: password, environment: environment, setting: "METRICSD_READ_DATABASE_URL"
             ).readServers()
-            primary = try? ConnectionSettings(conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+            primary = try? ConnectionSettings(
+                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
         } catch {
             if !self.problems.contains(where: { $0.setting == "METRICSD_READ_DATABASE_URL" }) {
                 self.problem("METRICSD_READ_DATABASE_URL", .readDatabaseURLInvalid, error.message)
@@ -32,7 +34,8 @@ extension ConfigCheck {
             return
         }
         let setting = SettingsCatalog.setting("METRICSD_READ_MAX_LAG_SECONDS")
-        let maxLag = environment["METRICSD_READ_MAX_LAG_SECONDS"].flatMap { setting?.problem($0) == nil ? Double($0) : nil }
+        let maxLag =
+            environment["METRICSD_READ_MAX_LAG_SECONDS"].flatMap { setting?.problem($0) == nil ? Double($0) : nil }
             ?? setting?.defaultValue.flatMap(Double.init) ?? 5
         // libpq blocks: as in checkDatabase, the probes run in a detached task, off the cooperative pool's threads, and
         // are awaited here at once (their results are the check's), so nothing outlives this function.
@@ -40,7 +43,8 @@ extension ConfigCheck {
         for (server, result) in zip(servers, results) {
             switch result {
             case .success(let text): self.note("read server", "\(server.label): \(text)")
-            case .failure(let error): self.problem("METRICSD_READ_DATABASE_URL", error.errorCode, "\(server.label): \(error.message)")
+            case .failure(let error):
+                self.problem("METRICSD_READ_DATABASE_URL", error.errorCode, "\(server.label): \(error.message)")
             }
         }
     }
@@ -55,13 +59,18 @@ extension ConfigCheck {
             let standby = try connection.query("SELECT pg_is_in_recovery()").bool(0, 0)
             let status = try Migrator().status(on: connection)
             guard status.isCurrent else {
-                return .failure(PostgresError(code: .unexpectedResult, message: "its schema is not this build's: \(PostgresStore.describe(status))"))
+                return .failure(
+                    PostgresError(
+                        code: .unexpectedResult,
+                        message: "its schema is not this build's: \(PostgresStore.describe(status))"))
             }
             let text = standby ? "standby" : "a primary (not in recovery)"
             guard let primary, let source = try? PostgresConnection(settings: primary) else {
                 return .success(text + ", schema current; lag not measured (DATABASE_URL not reachable)")
             }
-            if let mismatch = try ReadReplicas.mismatch(of: connection, primary: source, standbysOnly: server.standbysOnly) {
+            if let mismatch = try ReadReplicas.mismatch(
+                of: connection, primary: source, standbysOnly: server.standbysOnly)
+            {
                 return .failure(PostgresError(code: .unexpectedResult, message: "not read from: \(mismatch)"))
             }
             let asked = ContinuousClock.now
@@ -78,16 +87,22 @@ extension ConfigCheck {
             while try !caughtUp() {
                 if Self.seconds(ContinuousClock.now - asked) > maxLag {
                     return .success(
-                        text + ", schema current; more than \(Setting.format(maxLag)) s behind the primary (METRICSD_READ_MAX_LAG_SECONDS): not read from until it catches up")
+                        text
+                            + ", schema current; more than \(Setting.format(maxLag)) s behind the primary (METRICSD_READ_MAX_LAG_SECONDS): not read from until it catches up"
+                    )
                 }
                 usleep(100_000)
             }
             let seconds = Self.seconds(ContinuousClock.now - asked)
-            return .success(text + ", schema current; replayed the primary's present position within \((seconds * 100).rounded() / 100) s")
+            return .success(
+                text
+                    + ", schema current; replayed the primary's present position within \((seconds * 100).rounded() / 100) s"
+            )
         } catch let error as PostgresError {
             return .failure(PostgresError(code: error.code, message: "cannot use it: \(Self.oneLine(error.message))"))
         } catch {
-            return .failure(PostgresError(code: .unexpectedResult, message: "cannot use it: \(Self.oneLine("\(error)"))"))
+            return .failure(
+                PostgresError(code: .unexpectedResult, message: "cannot use it: \(Self.oneLine("\(error)"))"))
         }
     }
 

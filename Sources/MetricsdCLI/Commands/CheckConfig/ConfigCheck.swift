@@ -1,14 +1,15 @@
+import Glibc
+import HealthMetrics
 import MetricsdConfiguration
 import MetricsdDaemon
 import MetricsdHTTP
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-import Glibc
-import HealthMetrics
 import MetricsdPostgres
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 /// `metricsd check-config`: the whole configuration as `metricsd serve` would read it here, checked without
 /// starting anything: every setting in range, the settings files' syntax, the secrets readable and strong enough,
@@ -28,7 +29,9 @@ public struct ConfigCheck: Sendable {
 
     public var isOK: Bool { self.problems.isEmpty }
 
-    mutating func problem(_ setting: String, _ code: String, _ text: String) { self.problems.append((setting, text, code)) }
+    mutating func problem(_ setting: String, _ code: String, _ text: String) {
+        self.problems.append((setting, text, code))
+    }
     mutating func problem(_ setting: String, _ kind: ConfigurationError.Kind, _ text: String) {
         self.problem(setting, kind.rawValue, text)
     }
@@ -36,7 +39,9 @@ public struct ConfigCheck: Sendable {
         self.problem(setting, error.errorCode, error.description)
     }
     mutating func note(_ label: String, _ text: String) { self.summary.append((label, text)) }
-    mutating func warn(_ setting: String, _ text: String) { self.warnings.append(SecretExposure.Warning(setting: setting, text: text)) }
+    mutating func warn(_ setting: String, _ text: String) {
+        self.warnings.append(SecretExposure.Warning(setting: setting, text: text))
+    }
 
     /// Runs every check against `base` (the process environment).
     public static func run(environment base: [String: String]) async -> ConfigCheck {
@@ -60,7 +65,9 @@ public struct ConfigCheck: Sendable {
             check.note("credentials", host.credentialsUsed.map { "\($0.id) from \($0.path)" }.joined(separator: ", "))
         }
         for unreadable in host.credentialsUnreadable {
-            check.problem(unreadable.path, .secretUnreadable, "cannot read it (\(unreadable.reason)); run check-config as root to check it")
+            check.problem(
+                unreadable.path, .secretUnreadable,
+                "cannot read it (\(unreadable.reason)); run check-config as root to check it")
         }
         let environment: [String: String]
         do {
@@ -75,12 +82,14 @@ public struct ConfigCheck: Sendable {
 
         // 2. Every setting on its own (the secrets' files below), and no unknown name in the settings file.
         if let file = host.settingsFile {
-            for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil {
+            for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil
+            {
                 check.problem(name, .unknownSetting, "unknown setting (in \(file)); `metricsd help` lists them all")
             }
         }
         let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
-        check.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(UnknownSettings.warning)
+        check.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(
+            UnknownSettings.warning)
         let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
         for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
             guard let value = environment[setting.name], !value.isEmpty else { continue }
@@ -99,17 +108,23 @@ public struct ConfigCheck: Sendable {
                 if let tls = configuration.tls {
                     do {
                         let certificate = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
-                        let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap { $0 }
+                        let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap {
+                            $0
+                        }
                         check.note(
                             "tls",
-                            "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))")
-                        check.warnings += certificate.warnings.map { SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)") }
+                            "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))"
+                        )
+                        check.warnings += certificate.warnings.map {
+                            SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)")
+                        }
                     } catch {
                         check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.from(tls.source).message)
                     }
                 }
                 let budget = DescriptorBudget(
-                    configuration: configuration, readServers: try configuration.readServers(environment: environment).count,
+                    configuration: configuration,
+                    readServers: try configuration.readServers(environment: environment).count,
                     sockets: systemd?.passedSockets ?? (0, 0))
                 let limit = DescriptorBudget.limit().hard
                 if let problem = budget.problem(limit: limit) {
@@ -135,26 +150,34 @@ public struct ConfigCheck: Sendable {
         let hs256 = (environment["METRICSD_JWT_HS256"] ?? "").lowercased() != "off"
         do {
             jwtSecret = try Secrets.read(
-                credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET", environment: environment)
+                credential: "jwt-secret", file: "METRICSD_JWT_SECRET_FILE", variable: "METRICSD_JWT_SECRET",
+                environment: environment)
         } catch {
             if hs256 { self.problem("METRICSD_JWT_SECRET_FILE", error.kind, Self.strip(error.message)) }
         }
         let publicKey = environment["METRICSD_JWT_PUBLIC_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
         if !hs256 {
             if let publicKey {
-                self.note("tokens", "public key \(publicKey) only (METRICSD_JWT_HS256=off\(jwtSecret == nil ? "" : "; the JWT secret is not used"))")
+                self.note(
+                    "tokens",
+                    "public key \(publicKey) only (METRICSD_JWT_HS256=off\(jwtSecret == nil ? "" : "; the JWT secret is not used"))"
+                )
             } else {
-                self.problem("METRICSD_JWT_HS256", .noJWTKey, "off, but no METRICSD_JWT_PUBLIC_KEY_FILE: no token could be verified")
+                self.problem(
+                    "METRICSD_JWT_HS256", .noJWTKey,
+                    "off, but no METRICSD_JWT_PUBLIC_KEY_FILE: no token could be verified")
             }
         } else if let secret = jwtSecret {
             if secret.utf8.count < 32 {
                 self.problem(
                     "METRICSD_JWT_SECRET_FILE", .jwtSecretTooShort,
-                    "the JWT secret is \(secret.utf8.count) bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)")
+                    "the JWT secret is \(secret.utf8.count) bytes; HS256 needs at least 32 (e.g. openssl rand -base64 48)"
+                )
             } else if publicKey != nil {
                 self.note(
                     "tokens",
-                    "HS256 secret (\(secret.utf8.count) bytes) and a public key: HS256 tokens stay accepted, so this host can mint tokens (METRICSD_JWT_HS256=off verifies with the public key only)")
+                    "HS256 secret (\(secret.utf8.count) bytes) and a public key: HS256 tokens stay accepted, so this host can mint tokens (METRICSD_JWT_HS256=off verifies with the public key only)"
+                )
             } else {
                 self.note("tokens", "HS256 secret (\(secret.utf8.count) bytes)")
             }
@@ -163,18 +186,24 @@ public struct ConfigCheck: Sendable {
         } else if !self.problems.contains(where: { $0.setting == "METRICSD_JWT_SECRET_FILE" }) {
             self.problem(
                 "METRICSD_JWT_SECRET_FILE", .noJWTKey,
-                "no JWT secret or public key: put the secret in /etc/credstore/metricsd-jwt-secret (or set METRICSD_JWT_SECRET_FILE or METRICSD_JWT_PUBLIC_KEY_FILE)")
+                "no JWT secret or public key: put the secret in /etc/credstore/metricsd-jwt-secret (or set METRICSD_JWT_SECRET_FILE or METRICSD_JWT_PUBLIC_KEY_FILE)"
+            )
         }
         do {
             if let token = try Secrets.read(
-                credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN", environment: environment)
+                credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN",
+                environment: environment)
             {
                 if token.utf8.count < 16 {
-                    self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenTooShort, "the admin token is \(token.utf8.count) characters; at least 16 are needed")
+                    self.problem(
+                        "METRICSD_ADMIN_TOKEN_FILE", .adminTokenTooShort,
+                        "the admin token is \(token.utf8.count) characters; at least 16 are needed")
                 } else if token.hasPrefix("eyJ") && token.split(separator: ".").count == 3 {
                     self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenIsJWT, "the admin token must not be a JWT")
                 } else if token == jwtSecret {
-                    self.problem("METRICSD_ADMIN_TOKEN_FILE", .adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
+                    self.problem(
+                        "METRICSD_ADMIN_TOKEN_FILE", .adminTokenIsJWTSecret,
+                        "the admin token must differ from the JWT secret")
                 } else {
                     self.note("admin token", "set (\(token.utf8.count) characters)")
                 }
@@ -185,7 +214,8 @@ public struct ConfigCheck: Sendable {
             self.problem("METRICSD_ADMIN_TOKEN_FILE", error.kind, Self.strip(error.message))
         }
         do {
-            _ = try Secrets.read(credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
+            _ = try Secrets.read(
+                credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
         } catch {
             self.problem("METRICSD_DB_PASSWORD_FILE", error.kind, Self.strip(error.message))
         }
@@ -196,7 +226,8 @@ public struct ConfigCheck: Sendable {
         do {
             let password = try? Secrets.read(
                 credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-            settings = try ConnectionSettings(conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+            settings = try ConnectionSettings(
+                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
         } catch {
             if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) {
                 self.problem("DATABASE_URL", .databaseURLInvalid, error.message)
@@ -209,7 +240,8 @@ public struct ConfigCheck: Sendable {
             Result {
                 let connection = try PostgresConnection(settings: settings)
                 let identity = try connection.query(
-                    "SELECT current_user || '@' || current_database() || ' (PostgreSQL ' || current_setting('server_version') || ')'")
+                    "SELECT current_user || '@' || current_database() || ' (PostgreSQL ' || current_setting('server_version') || ')'"
+                )
                 let name = try identity.requiredString(0, 0)
                 let migrator = Migrator()
                 return (name, try migrator.status(on: connection), migrator.migrations.count)
@@ -218,20 +250,25 @@ public struct ConfigCheck: Sendable {
         switch result {
         case .success(let (name, status, total)):
             if !status.changed.isEmpty {
-                self.problem("DATABASE_URL", MigrationError.Kind.changed.rawValue, "\(name): migrations changed after being applied: \(status.changed.joined(separator: ", "))")
+                self.problem(
+                    "DATABASE_URL", MigrationError.Kind.changed.rawValue,
+                    "\(name): migrations changed after being applied: \(status.changed.joined(separator: ", "))")
             } else if !status.pending.isEmpty {
                 self.problem(
                     "DATABASE_URL", StartupError.Kind.schemaBehind.rawValue,
-                    "\(name): schema is behind, \(status.pending.count) of \(total) migrations pending (run: metricsd migrate)")
+                    "\(name): schema is behind, \(status.pending.count) of \(total) migrations pending (run: metricsd migrate)"
+                )
             } else {
                 self.note("database", "\(name), schema current (\(total) migrations)")
             }
         case .failure(let error as PostgresError) where error.message.contains("unsupported startup parameter"):
             self.problem(
                 "DATABASE_URL", error.errorCode,
-                "cannot connect to the database: \(Self.oneLine(error.message)): a connection pooler refuses startup parameters it does not track; remove options from DATABASE_URL and PGOPTIONS (metricsd sends none itself) and set what they set on the role instead (ALTER ROLE … SET …)")
+                "cannot connect to the database: \(Self.oneLine(error.message)): a connection pooler refuses startup parameters it does not track; remove options from DATABASE_URL and PGOPTIONS (metricsd sends none itself) and set what they set on the role instead (ALTER ROLE … SET …)"
+            )
         case .failure(let error as PostgresError):
-            self.problem("DATABASE_URL", error.errorCode, "cannot connect to the database: \(Self.oneLine(error.message))")
+            self.problem(
+                "DATABASE_URL", error.errorCode, "cannot connect to the database: \(Self.oneLine(error.message))")
         case .failure(let error):
             let code = (error as? any CodedError)?.errorCode ?? PostgresError.Code.queryFailed.errorCode
             self.problem("DATABASE_URL", code, "database error: \(Self.oneLine("\(error)"))")
@@ -245,7 +282,10 @@ public struct ConfigCheck: Sendable {
 
     public var summaryText: String {
         let width = 14
-        var head = self.isOK ? "configuration OK" : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
+        var head =
+            self.isOK
+            ? "configuration OK"
+            : "configuration has \(self.problems.count) problem\(self.problems.count == 1 ? "" : "s")"
         if !self.warnings.isEmpty { head += " (\(self.warnings.count) warning\(self.warnings.count == 1 ? "" : "s"))" }
         return ([head] + self.summary.map { "  " + ($0.label + ":").padded(to: width) + $0.text })
             .joined(separator: "\n")

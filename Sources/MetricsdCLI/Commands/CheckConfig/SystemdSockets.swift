@@ -25,7 +25,9 @@ struct SystemdSockets: Equatable {
         /// Whether systemd passes these sockets when metricsd starts: the unit is loaded, and started now or at
         /// boot. (metricsd.service pulls metricsd.socket in whenever it starts: its `Wants=`.)
         var isUsed: Bool {
-            self.loadState == "loaded" && (self.activeState == "active" || self.unitFileState.hasPrefix("enabled") || self.id == SystemdSockets.publicUnit)
+            self.loadState == "loaded"
+                && (self.activeState == "active" || self.unitFileState.hasPrefix("enabled")
+                    || self.id == SystemdSockets.publicUnit)
         }
 
         /// The addresses as listeners: `host:port`, `[v6]:port`, a port alone (systemd listens on every address,
@@ -33,7 +35,9 @@ struct SystemdSockets: Equatable {
         var addresses: [(text: String, address: ListenAddress?)] {
             self.listen.map { text in
                 if text.hasPrefix("/") { return (text, ListenAddress(unixPath: text)) }
-                if let port = Int(text), (1...65535).contains(port) { return (text, ListenAddress(host: "::", port: port)) }
+                if let port = Int(text), (1...65535).contains(port) {
+                    return (text, ListenAddress(host: "::", port: port))
+                }
                 return (text, ListenAddress(parsing: text))
             }
         }
@@ -113,7 +117,7 @@ struct SystemdSockets: Equatable {
         // The C locale: systemctl's output is parsed, not shown.
         let environment: [String] = ["LC_ALL=C", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0"]
         let envp = environment.map { strdup($0) } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
+        defer { for string in argv + envp { free(string) } }
         var pid: pid_t = 0
         let spawned = posix_spawn(&pid, arguments[0], &actions, nil, argv, envp)
         close(pipe[1])
