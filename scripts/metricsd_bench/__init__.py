@@ -1,0 +1,1 @@
+"""scripts/bench as a package: one module per step (see scripts/bench for the command line)."""
