@@ -359,7 +359,7 @@ class Growth:
             self.partition_history(db, (now - dt.timedelta(days=max_depth + 3)).date())
             if self.ascending_read_index:
                 self.make_read_index_ascending(db)
-        users_text, settings_text, valid, bad = self.bench.people(users, max_depth, now)
+        users_text, settings_text, valid, bad = self.b.people(users, max_depth, now)
         template = "".join(f"{uid}\t{zone}\t{jitter}\t{bmi}\t{bmr}\t{tdee}\n"
                            for uid, zone, jitter, bmi, bmr, tdee in valid)
         days = []
