@@ -1,7 +1,8 @@
 /// The local wall-clock time at which each user's daily metrics are due (`METRICSD_DAILY_AT`, default 00:05).
 ///
 /// Only the value lives here. *When* a zone's time has come is decided by PostgreSQL, from its own clock and
-/// time zone rules, in one SQL function (`metricsd_zone_schedule`), so that every instance agrees.
+/// time zone rules, in one statement (the due rule, `SQL.zoneScheduleCTE` in MetricsdWork), so that every instance
+/// agrees.
 public struct DailyTime: Hashable, Sendable, CustomStringConvertible {
     public let hour: Int
     public let minute: Int

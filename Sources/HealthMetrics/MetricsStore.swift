@@ -69,8 +69,8 @@ public struct Readiness: Hashable, Sendable {
     public var isReady: Bool { self.database == .ok && self.schema == .current }
 }
 
-/// The storage port of the HTTP API. `MetricsdPostgres` implements it over libpq; HTTP-shape tests use an
-/// in-memory double.
+/// The storage port of the HTTP API. `PostgresStore` (MetricsdReads) implements it over libpq; HTTP-shape tests use
+/// an in-memory double.
 public protocol MetricsStore: Sendable {
     /// The newest row by `computed_at DESC` (the greater id between equal ones), never by date: the user's first
     /// entry in `profile_metrics_user_computed_at_idx`, kept in `profile_metrics_latest`.
