@@ -191,8 +191,8 @@ let package = Package(
         .target(
             name: "MetricsdCLI",
             dependencies: [
-                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdMasking",
-                "MetricsdPostgres", "MetricsdReads", "MetricsdSystemd", "MetricsdWork",
+                "HealthMetrics", "MetricsdConfiguration", "MetricsdDaemon", "MetricsdHTTP", "MetricsdPostgres",
+                "MetricsdReads", "MetricsdSystemd", "MetricsdWork",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),

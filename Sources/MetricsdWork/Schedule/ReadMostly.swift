@@ -1,4 +1,3 @@
-import MetricsdPostgres
 import Synchronization
 
 /// A value read on every request and replaced rarely (on reload).
