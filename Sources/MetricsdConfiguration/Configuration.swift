@@ -144,22 +144,7 @@ public struct Configuration: Sendable {
             RequestLogMode(rawValue: $0.lowercased())
         }
         self.tokens = try TokenConfiguration(environment: environment)
-        self.adminToken = try Secrets.read(
-            credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN",
-            environment: environment)
-        if let adminToken = self.adminToken {
-            guard adminToken.utf8.count >= 16 else {
-                throw ConfigurationError(.adminTokenTooShort, "the admin token must be at least 16 characters long")
-            }
-            guard adminToken.split(separator: ".").count != 3 || !adminToken.hasPrefix("eyJ") else {
-                throw ConfigurationError(
-                    .adminTokenIsJWT,
-                    "the admin token must not be a JWT: admin and user tokens are never interchangeable")
-            }
-            if let secret = self.tokens.hmacSecret, secret == adminToken {
-                throw ConfigurationError(.adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
-            }
-        }
+        self.adminToken = try Self.adminToken(environment: environment, tokens: self.tokens)
         self.poolSize = try reader.integer("METRICSD_DB_POOL_SIZE")
         // The catalogue's default, or the pool size when the pool is smaller.
         self.readBatches = try reader.integer(
@@ -195,6 +180,30 @@ public struct Configuration: Sendable {
         }
         self.formula = testVersion.map { MetricsFormula.rehearsal(version: $0) } ?? .current
         self.tracing = try Self.tracingSettings(reader)
+    }
+
+    /// The admin token (credential `admin-token`, `METRICSD_ADMIN_TOKEN_FILE`, `METRICSD_ADMIN_TOKEN`), nil when
+    /// none: refused when short, shaped like a JWT or the same as the JWT secret.
+    private static func adminToken(environment: [String: String], tokens: TokenConfiguration)
+        throws(ConfigurationError) -> String?
+    {
+        let adminToken = try Secrets.read(
+            credential: "admin-token", file: "METRICSD_ADMIN_TOKEN_FILE", variable: "METRICSD_ADMIN_TOKEN",
+            environment: environment)
+        if let adminToken {
+            guard adminToken.utf8.count >= 16 else {
+                throw ConfigurationError(.adminTokenTooShort, "the admin token must be at least 16 characters long")
+            }
+            guard adminToken.split(separator: ".").count != 3 || !adminToken.hasPrefix("eyJ") else {
+                throw ConfigurationError(
+                    .adminTokenIsJWT,
+                    "the admin token must not be a JWT: admin and user tokens are never interchangeable")
+            }
+            if let secret = tokens.hmacSecret, secret == adminToken {
+                throw ConfigurationError(.adminTokenIsJWTSecret, "the admin token must differ from the JWT secret")
+            }
+        }
+        return adminToken
     }
 
     /// `METRICSD_DB_PREPARED_STATEMENTS` and `METRICSD_NOTIFY_DATABASE_URL`.

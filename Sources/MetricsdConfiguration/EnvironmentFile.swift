@@ -32,61 +32,96 @@ public enum EnvironmentFile {
     /// Parses `text`; `path` only names the file in errors.
     public static func parse(_ text: String, path: String) throws(ConfigurationError) -> [Assignment] {
         var assignments: [Assignment] = []
-        let characters = Array(text.unicodeScalars)
+        var cursor = Cursor(characters: Array(text.unicodeScalars), path: path)
+        while cursor.skipToAssignment() {
+            let startLine = cursor.line
+            let name = try cursor.name()
+            let value = try cursor.value(startingOn: startLine)
+            assignments.append(Assignment(name: name, value: value, line: startLine))
+        }
+        return assignments
+    }
+
+    /// Where the parser is in the text, and the line it is on (continuations and quoted newlines counted).
+    private struct Cursor {
+        let characters: [Unicode.Scalar]
+        let path: String
         var index = 0
         var line = 1
 
-        func fail(_ message: String, at line: Int) -> ConfigurationError {
-            ConfigurationError(.fileSyntax, "\(path):\(line): \(message)")
+        init(characters: [Unicode.Scalar], path: String) {
+            self.characters = characters
+            self.path = path
         }
 
-        while index < characters.count {
-            // Start of a line: skip blanks, comments and empty lines.
-            while index < characters.count, characters[index] == " " || characters[index] == "\t" { index += 1 }
-            guard index < characters.count else { break }
-            let first = characters[index]
-            if first == "\n" || first == "\r" {
-                if first == "\n" { line += 1 }
-                index += 1
-                continue
+        var atEnd: Bool { self.index >= self.characters.count }
+
+        func fail(_ message: String, at line: Int) -> ConfigurationError {
+            ConfigurationError(.fileSyntax, "\(self.path):\(line): \(message)")
+        }
+
+        mutating func skipBlanks() {
+            while !self.atEnd, self.characters[self.index] == " " || self.characters[self.index] == "\t" {
+                self.index += 1
             }
-            if first == "#" || first == ";" {
-                while index < characters.count, characters[index] != "\n" { index += 1 }
-                continue
+        }
+
+        /// Skips blanks, comments and empty lines to the start of the next assignment; false at the end.
+        mutating func skipToAssignment() -> Bool {
+            while true {
+                self.skipBlanks()
+                guard !self.atEnd else { return false }
+                let first = self.characters[self.index]
+                if first == "\n" || first == "\r" {
+                    if first == "\n" { self.line += 1 }
+                    self.index += 1
+                    continue
+                }
+                if first == "#" || first == ";" {
+                    while !self.atEnd, self.characters[self.index] != "\n" { self.index += 1 }
+                    continue
+                }
+                return true
             }
-            // The name, up to "=".
-            let startLine = line
+        }
+
+        /// The name, up to "=", checked; then past the "=" and the blanks after it.
+        mutating func name() throws(ConfigurationError) -> String {
+            let startLine = self.line
             var name = String.UnicodeScalarView()
-            while index < characters.count, characters[index] != "=", characters[index] != "\n" {
-                name.append(characters[index])
-                index += 1
+            while !self.atEnd, self.characters[self.index] != "=", self.characters[self.index] != "\n" {
+                name.append(self.characters[self.index])
+                self.index += 1
             }
             let trimmedName = String(name).trimmingSpaces()
-            guard index < characters.count, characters[index] == "=" else {
-                throw fail("expected NAME=value, got \(Self.shownLine(trimmedName))", at: startLine)
+            guard !self.atEnd, self.characters[self.index] == "=" else {
+                throw self.fail("expected NAME=value, got \(EnvironmentFile.shownLine(trimmedName))", at: startLine)
             }
-            guard Self.isValidName(trimmedName) else {
-                throw fail(
-                    "\(Self.shownLine(trimmedName)) is not a variable name (letters, digits and _, not starting with a digit)",
+            guard EnvironmentFile.isValidName(trimmedName) else {
+                throw self.fail(
+                    "\(EnvironmentFile.shownLine(trimmedName)) is not a variable name (letters, digits and _, not starting with a digit)",
                     at: startLine)
             }
-            index += 1  // "="
-            while index < characters.count, characters[index] == " " || characters[index] == "\t" { index += 1 }
+            self.index += 1  // "="
+            self.skipBlanks()
+            return trimmedName
+        }
 
-            // The value, to the end of the line (continuations and quoted newlines included).
+        /// The value, to the end of the line (continuations and quoted newlines included).
+        mutating func value(startingOn startLine: Int) throws(ConfigurationError) -> String {
             var value = String.UnicodeScalarView()
             var pendingBlanks = String.UnicodeScalarView()  // unquoted trailing blanks are dropped
-            valueLoop: while index < characters.count {
-                let character = characters[index]
+            valueLoop: while !self.atEnd {
+                let character = self.characters[self.index]
                 switch character {
                 case "\n":
                     break valueLoop
-                case "\r" where index + 1 < characters.count && characters[index + 1] == "\n":
-                    index += 1
+                case "\r" where self.index + 1 < self.characters.count && self.characters[self.index + 1] == "\n":
+                    self.index += 1
                     continue valueLoop
                 case " ", "\t":
                     pendingBlanks.append(character)
-                    index += 1
+                    self.index += 1
                     continue valueLoop
                 default:
                     break
@@ -95,53 +130,67 @@ public enum EnvironmentFile {
                 pendingBlanks.removeAll()
                 switch character {
                 case "\\":
-                    index += 1
-                    guard index < characters.count else { break valueLoop }
-                    if characters[index] == "\n" {
-                        line += 1
+                    self.index += 1
+                    guard !self.atEnd else { break valueLoop }
+                    if self.characters[self.index] == "\n" {
+                        self.line += 1
                     } else {
-                        value.append(characters[index])
+                        value.append(self.characters[self.index])
                     }
-                    index += 1
+                    self.index += 1
                 case "'":
-                    index += 1
-                    while index < characters.count, characters[index] != "'" {
-                        if characters[index] == "\n" { line += 1 }
-                        value.append(characters[index])
-                        index += 1
-                    }
-                    guard index < characters.count else { throw fail("unterminated ' quote", at: startLine) }
-                    index += 1
+                    try self.singleQuoted(into: &value, startingOn: startLine)
                 case "\"":
-                    index += 1
-                    while index < characters.count, characters[index] != "\"" {
-                        var character = characters[index]
-                        if character == "\\", index + 1 < characters.count {
-                            let next = characters[index + 1]
-                            if next == "\n" {
-                                line += 1
-                                index += 2
-                                continue
-                            }
-                            if next == "\"" || next == "\\" || next == "`" || next == "$" {
-                                character = next
-                                index += 1
-                            }
-                        }
-                        if character == "\n" { line += 1 }
-                        value.append(character)
-                        index += 1
-                    }
-                    guard index < characters.count else { throw fail("unterminated \" quote", at: startLine) }
-                    index += 1
+                    try self.doubleQuoted(into: &value, startingOn: startLine)
                 default:
                     value.append(character)
-                    index += 1
+                    self.index += 1
                 }
             }
-            assignments.append(Assignment(name: trimmedName, value: String(value), line: startLine))
+            return String(value)
         }
-        return assignments
+
+        /// `'…'` at `index`: everything up to the next `'`, literally.
+        mutating func singleQuoted(into value: inout String.UnicodeScalarView, startingOn startLine: Int)
+            throws(ConfigurationError)
+        {
+            self.index += 1
+            while !self.atEnd, self.characters[self.index] != "'" {
+                if self.characters[self.index] == "\n" { self.line += 1 }
+                value.append(self.characters[self.index])
+                self.index += 1
+            }
+            guard !self.atEnd else { throw self.fail("unterminated ' quote", at: startLine) }
+            self.index += 1
+        }
+
+        /// `"…"` at `index`: up to the next unescaped `"`, a backslash escaping `"`, `\`, `` ` `` and `$` (and
+        /// continuing the line before a newline).
+        mutating func doubleQuoted(into value: inout String.UnicodeScalarView, startingOn startLine: Int)
+            throws(ConfigurationError)
+        {
+            self.index += 1
+            while !self.atEnd, self.characters[self.index] != "\"" {
+                var character = self.characters[self.index]
+                if character == "\\", self.index + 1 < self.characters.count {
+                    let next = self.characters[self.index + 1]
+                    if next == "\n" {
+                        self.line += 1
+                        self.index += 2
+                        continue
+                    }
+                    if next == "\"" || next == "\\" || next == "`" || next == "$" {
+                        character = next
+                        self.index += 1
+                    }
+                }
+                if character == "\n" { self.line += 1 }
+                value.append(character)
+                self.index += 1
+            }
+            guard !self.atEnd else { throw self.fail("unterminated \" quote", at: startLine) }
+            self.index += 1
+        }
     }
 
     /// A malformed line as an error quotes it: when its first word names a secret (`METRICSD_JWT_SECRET abc…`,

@@ -32,53 +32,15 @@ public enum Daemon {
     public static func serve(environment base: [String: String], migrate: Bool) async -> Int32 {
         let early = SystemdNotifier()  // before logging exists: configuration errors only
         let earlyLogger = Self.earlyLogger(base)
-        let host: HostEnvironment
-        let environment: [String: String]
-        let configuration: Configuration
+        let settings: Settings
+        let listeners: Listeners
         do {
-            host = try HostEnvironment(base)
-            environment = try ConfigFile.merge(into: host.environment)
-            configuration = try Configuration(environment: environment)
+            settings = try Self.readSettings(base, notifier: early, logger: earlyLogger)
+            listeners = try Self.checkListeners(settings, notifier: early, logger: earlyLogger)
         } catch {
-            return Self.fatal(
-                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early,
-                logger: earlyLogger)
+            return error.code
         }
-        let readServers: [ConnectionSettings.ReadServer]
-        do {
-            readServers = try configuration.readServers(environment: environment)
-            _ = try configuration.notifySettings(environment: environment)  // refused here, used by the assembly
-        } catch {
-            return Self.fatal(
-                "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: early,
-                logger: earlyLogger)
-        }
-        // The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor.
-        let activation: SocketActivation
-        do {
-            activation = try SocketActivation.fromEnvironment()
-        } catch {
-            return Self.fatal(
-                "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF,
-                notifier: early,
-                logger: earlyLogger)
-        }
-        // METRICSD_TLS must name listeners that exist, systemd's sockets included: never TLS nowhere, silently.
-        if let problem = configuration.tlsListenerProblem(internalFromSystemd: !activation.internalSockets.isEmpty) {
-            return Self.fatal(
-                "configuration error: \(problem)", code: problem.errorCode, errno: EINVAL, notifier: early,
-                logger: earlyLogger)
-        }
-        // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
-        let budget = DescriptorBudget(
-            configuration: configuration, readServers: readServers.count,
-            sockets: (activation.publicSockets.count, activation.internalSockets.count))
-        let descriptors = DescriptorBudget.raiseSoftLimit()
-        if let problem = budget.problem(limit: descriptors.soft) {
-            return Self.fatal(
-                "configuration error: \(problem)", code: ConfigurationError.Kind.openFiles.rawValue, errno: EINVAL,
-                notifier: early, logger: earlyLogger)
-        }
+        let (configuration, environment) = (settings.configuration, settings.environment)
         let levelBox = LogLevelBox(configuration.logLevel)
         LoggingSystem.bootstrap { label in
             LogSetup.makeHandler(
@@ -89,8 +51,132 @@ public enum Daemon {
         logger.debug(
             "Open-file limit",
             metadata: [
-                "metricsd.descriptors.needed": "\(budget.total)", "metricsd.descriptors.limit": "\(descriptors.soft)",
+                "metricsd.descriptors.needed": "\(listeners.budget.total)",
+                "metricsd.descriptors.limit": "\(listeners.limit)",
             ])
+        Self.warnAboutSettings(settings, logger: logger)
+        // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
+        let fatalLogger: Logger? =
+            LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(DocumentedMetricsFactory(registry: registry))
+        let database: Database
+        do {
+            database = try Self.openDatabase(settings, notifier: notifier, logger: logger, fatalLogger: fatalLogger)
+        } catch {
+            return error.code
+        }
+        let assembly = DaemonAssembly(
+            configuration: configuration, environment: environment, migrate: migrate, tokens: database.tokens,
+            pool: database.pool, replicas: database.replicas, registry: registry, levelBox: levelBox,
+            notifier: notifier, hooks: DaemonHooks.current, activation: listeners.activation, logger: logger)
+        Self.logListeners(listeners.activation, environment: environment, logger: logger)
+        return await Self.run(assembly, database: database, fatalLogger: fatalLogger)
+    }
+
+    // MARK: Start-up phases
+
+    /// A start-up phase that failed, its error reported (``fatal(_:code:errno:notifier:logger:)``): the exit code.
+    private struct StartupExit: Error {
+        let code: Int32
+    }
+
+    /// The settings `serve` runs with, read and checked before anything starts.
+    private struct Settings {
+        let host: HostEnvironment
+        let environment: [String: String]
+        let configuration: Configuration
+        let readServers: [ConnectionSettings.ReadServer]
+    }
+
+    /// The listening sockets systemd passed and the open-file budget they fit in.
+    private struct Listeners {
+        let activation: SocketActivation
+        let budget: DescriptorBudget
+        /// The open-file soft limit, raised to the hard one.
+        let limit: Int
+    }
+
+    /// The token verifier, the database's pool and the read servers' (nil without read servers).
+    private struct Database {
+        let tokens: TokenVerifier
+        let pool: PostgresPool
+        let replicas: ReadReplicas?
+    }
+
+    /// The configuration and credentials, the read servers and the LISTEN session's settings: errors exit with
+    /// the configuration error's code.
+    private static func readSettings(_ base: [String: String], notifier: SystemdNotifier, logger: Logger?)
+        throws(StartupExit) -> Settings
+    {
+        let host: HostEnvironment
+        let environment: [String: String]
+        let configuration: Configuration
+        do {
+            host = try HostEnvironment(base)
+            environment = try ConfigFile.merge(into: host.environment)
+            configuration = try Configuration(environment: environment)
+        } catch {
+            throw StartupExit(
+                code: Self.fatal(
+                    "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: notifier,
+                    logger: logger))
+        }
+        let readServers: [ConnectionSettings.ReadServer]
+        do {
+            readServers = try configuration.readServers(environment: environment)
+            _ = try configuration.notifySettings(environment: environment)  // refused here, used by the assembly
+        } catch {
+            throw StartupExit(
+                code: Self.fatal(
+                    "configuration error: \(error)", code: error.errorCode, errno: EINVAL, notifier: notifier,
+                    logger: logger))
+        }
+        return Settings(
+            host: host, environment: environment, configuration: configuration, readServers: readServers)
+    }
+
+    /// The listening sockets systemd passed (metricsd.socket), before anything else opens a descriptor; the TLS
+    /// listeners they allow; the open-file limit raised and the budget checked against it.
+    private static func checkListeners(_ settings: Settings, notifier: SystemdNotifier, logger: Logger?)
+        throws(StartupExit) -> Listeners
+    {
+        let configuration = settings.configuration
+        let activation: SocketActivation
+        do {
+            activation = try SocketActivation.fromEnvironment()
+        } catch {
+            throw StartupExit(
+                code: Self.fatal(
+                    "socket activation: \(error)", code: StartupError.Kind.listenFailed.rawValue, errno: EBADF,
+                    notifier: notifier,
+                    logger: logger))
+        }
+        // METRICSD_TLS must name listeners that exist, systemd's sockets included: never TLS nowhere, silently.
+        if let problem = configuration.tlsListenerProblem(internalFromSystemd: !activation.internalSockets.isEmpty) {
+            throw StartupExit(
+                code: Self.fatal(
+                    "configuration error: \(problem)", code: problem.errorCode, errno: EINVAL, notifier: notifier,
+                    logger: logger))
+        }
+        // Every connection is a descriptor: the soft limit up to the hard one, and a budget that must fit it.
+        let budget = DescriptorBudget(
+            configuration: configuration, readServers: settings.readServers.count,
+            sockets: (activation.publicSockets.count, activation.internalSockets.count))
+        let descriptors = DescriptorBudget.raiseSoftLimit()
+        if let problem = budget.problem(limit: descriptors.soft) {
+            throw StartupExit(
+                code: Self.fatal(
+                    "configuration error: \(problem)", code: ConfigurationError.Kind.openFiles.rawValue,
+                    errno: EINVAL, notifier: notifier, logger: logger))
+        }
+        return Listeners(activation: activation, budget: budget, limit: descriptors.soft)
+    }
+
+    /// Warnings about the settings: secrets others can read, trusted proxies that hold much of the internet,
+    /// names no setting has.
+    private static func warnAboutSettings(_ settings: Settings, logger: Logger) {
+        let (host, environment) = (settings.host, settings.environment)
         let exposed = SecretExposure.warnings(
             environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
             underSystemd: host.underSystemd)
@@ -98,32 +184,36 @@ public enum Daemon {
             logger.warning(
                 "Secret readable by others: \(warning)", metadata: ["metricsd.setting": "\(warning.setting)"])
         }
-        if let warning = Configuration.trustedProxiesWarning(configuration.trustedProxies) {
+        if let warning = Configuration.trustedProxiesWarning(settings.configuration.trustedProxies) {
             logger.warning("Trusted proxies: \(warning)", metadata: ["metricsd.setting": "METRICSD_TRUSTED_PROXIES"])
         }
         for name in UnknownSettings.names(in: environment) {
             logger.warning(
                 "Unknown setting: \(UnknownSettings.warning(name))", metadata: ["metricsd.setting": "\(name)"])
         }
-        // A fatal error is one `Error: …` line on stderr; in text format a log record of it would repeat it there.
-        let fatalLogger: Logger? =
-            LogSetup.resolvedFormat(configuration.logFormat, environment: environment) == .text ? nil : logger
-        let registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(DocumentedMetricsFactory(registry: registry))
+    }
 
+    /// The token verifier, the primary's pool and the read servers' (logged when there are some).
+    private static func openDatabase(
+        _ settings: Settings, notifier: SystemdNotifier, logger: Logger, fatalLogger: Logger?
+    ) throws(StartupExit) -> Database {
+        let (configuration, environment, readServers) = (
+            settings.configuration, settings.environment, settings.readServers
+        )
         let tokens: TokenVerifier
-        let settings: ConnectionSettings
+        let connection: ConnectionSettings
         do {
             tokens = try TokenVerifier(configuration.tokens)
-            settings = try configuration.connectionSettings(environment: environment)
+            connection = try configuration.connectionSettings(environment: environment)
         } catch {
-            return Self.fatal(
-                "configuration error: \(error)",
-                code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.invalidValue.rawValue,
-                errno: EINVAL, notifier: notifier, logger: fatalLogger)
+            throw StartupExit(
+                code: Self.fatal(
+                    "configuration error: \(error)",
+                    code: (error as? any CodedError)?.errorCode ?? ConfigurationError.Kind.invalidValue.rawValue,
+                    errno: EINVAL, notifier: notifier, logger: fatalLogger))
         }
         let pool = PostgresPool(
-            settings: settings,
+            settings: connection,
             configuration: configuration.poolConfiguration, logger: logger)
         let replicas =
             readServers.isEmpty
@@ -140,10 +230,11 @@ public enum Daemon {
                     "metricsd.read_probe_interval_s": "\(replicas.probeIntervalSeconds)",
                 ])
         }
-        let assembly = DaemonAssembly(
-            configuration: configuration, environment: environment, migrate: migrate, tokens: tokens, pool: pool,
-            replicas: replicas, registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current,
-            activation: activation, logger: logger)
+        return Database(tokens: tokens, pool: pool, replicas: replicas)
+    }
+
+    /// The sockets systemd passed, and the former name of the internal listener's setting.
+    private static func logListeners(_ activation: SocketActivation, environment: [String: String], logger: Logger) {
         if activation.isActive {
             logger.info(
                 "Listening sockets from systemd",
@@ -158,7 +249,12 @@ public enum Daemon {
                 "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it",
                 metadata: ["metricsd.setting": "METRICSD_METRICS_LISTEN"])
         }
+    }
 
+    /// The service group, run until it stops, then the pools closed: the exit code (a certificate refused
+    /// while assembling the group closes the pool and exits at once).
+    private static func run(_ assembly: DaemonAssembly, database: Database, fatalLogger: Logger?) async -> Int32 {
+        let (pool, replicas, notifier, logger) = (database.pool, database.replicas, assembly.notifier, assembly.logger)
         let code: Int32
         do {
             let group: ServiceGroup
@@ -180,7 +276,7 @@ public enum Daemon {
             }
             code = 0
         } catch {
-            let failure = Self.startupError(error, listen: configuration.listen)
+            let failure = Self.startupError(error, listen: assembly.configuration.listen)
             code = Self.fatal(
                 failure.message, code: failure.errorCode, errno: failure.errno, notifier: notifier, logger: fatalLogger)
         }

@@ -83,6 +83,61 @@ struct DaemonAssembly {
 
     func group() throws(TLSIdentityError) -> ServiceGroup {
         let configuration = self.configuration
+        let parts = self.parts()
+        let tls = try configuration.tls.map { settings throws(TLSIdentityError) in
+            try self.tlsIdentity(settings)
+        }
+        let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
+        let internalSockets = self.internalSockets
+        if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
+        if configuration.tls?.onInternal == true, !internalSockets.isEmpty { tls?.exportExpiry(listener: "internal") }
+        var dependencies = HTTPDependencies(
+            store: parts.store, jobs: configuration.adminToken == nil ? nil : parts.jobs,
+            credentials: parts.credentials, formula: configuration.formula,
+            prometheus: internalSockets.isEmpty ? self.registry : nil, maxInFlight: configuration.maxInFlight,
+            requestLog: requestLog)
+        dependencies.trustedProxies = configuration.trustedProxies
+        let server = self.publicServer(
+            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: parts.status,
+            identity: parts.identity)
+        let reload = Reload(
+            base: self.environment, levelBox: self.levelBox, dailyAt: parts.dailyAt, credentials: parts.credentials,
+            requestLog: requestLog, status: parts.status, notifier: self.notifier, ready: self.ready, tls: tls,
+            logger: self.logger)
+
+        // Checked at start.
+        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil
+        var services = self.lifecycleServices(reload: reload, liveness: parts.liveness)
+        services += self.databaseServices(parts, notifySettings: notifySettings)
+        services += self.workServices(parts, notifySettings: notifySettings, notifications: dependencies.notifications)
+        services += self.listenerServices(dependencies, internalSockets: internalSockets, tls: tls, server: server)
+        var groupConfiguration = ServiceGroupConfiguration(
+            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: self.logger)
+        groupConfiguration.maximumGracefulShutdownDuration = configuration.shutdown
+        groupConfiguration.maximumCancellationDuration = .seconds(5)
+        return ServiceGroup(configuration: groupConfiguration)
+    }
+
+    /// What the services of one group share: the instance, the work queue and scheduler, the store, the
+    /// credentials and what reload changes, the liveness and status the scheduler reports.
+    struct Parts {
+        let identity: Instances.Identity
+        let queue: WorkQueue
+        let store: PostgresStore
+        let jobs: RecomputeJobs
+        let credentials: CredentialBox
+        let dailyAt: ReadMostly<DailyTime>
+        let liveness: Liveness
+        let signal: WorkSignal
+        let status: StatusBoard
+        let scheduler: Scheduler
+        /// How often idle workers look for work queued by others (the settings listener polls as often).
+        let idlePoll: Duration
+    }
+
+    /// The group's shared parts, `metricsd_build_info` recorded.
+    func parts() -> Parts {
+        let configuration = self.configuration
         let formula = configuration.formula
         let identity = Instances.Identity(
             id:
@@ -121,30 +176,16 @@ struct DaemonAssembly {
         let scheduler = Scheduler(
             queue: queue, dailyAt: dailyAt, configuration: schedulerConfiguration, liveness: liveness, signal: signal,
             started: self.schedulerStarted.open, status: status, reporter: reporter, logger: self.logger)
+        return Parts(
+            identity: identity, queue: queue, store: store, jobs: jobs, credentials: credentials, dailyAt: dailyAt,
+            liveness: liveness, signal: signal, status: status, scheduler: scheduler,
+            idlePoll: schedulerConfiguration.idlePoll)
+    }
 
-        let tls = try configuration.tls.map { settings throws(TLSIdentityError) in
-            try self.tlsIdentity(settings)
-        }
-        let requestLog = RequestLog(mode: configuration.requestLog, logger: self.requestLogger())
-        let internalSockets = self.internalSockets
-        if configuration.tls?.onPublic == true { tls?.exportExpiry(listener: "public") }
-        if configuration.tls?.onInternal == true, !internalSockets.isEmpty { tls?.exportExpiry(listener: "internal") }
-        var dependencies = HTTPDependencies(
-            store: store, jobs: configuration.adminToken == nil ? nil : jobs, credentials: credentials,
-            formula: formula, prometheus: internalSockets.isEmpty ? self.registry : nil,
-            maxInFlight: configuration.maxInFlight, requestLog: requestLog)
-        dependencies.trustedProxies = configuration.trustedProxies
-        let server = self.publicServer(
-            dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: status,
-            identity: identity)
+    /// First in the list, so last to stop: the signal watcher (stop and reload signals), the trace exporter, the
+    /// watchdog.
+    func lifecycleServices(reload: Reload, liveness: Liveness) -> [ServiceGroupConfiguration.ServiceConfiguration] {
         let (notifier, logger) = (self.notifier, self.logger)
-        let reload = Reload(
-            base: self.environment, levelBox: self.levelBox, dailyAt: dailyAt, credentials: credentials,
-            requestLog: requestLog, status: status, notifier: self.notifier, ready: self.ready, tls: tls,
-            logger: self.logger)
-
-        // Checked at start.
-        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: SignalService(
@@ -155,7 +196,7 @@ struct DaemonAssembly {
                     reload: reload.callAsFunction, logger: self.logger))
         ]
         // Early in the list, so late in shutdown: the spans of the last requests and batches are sent before it ends.
-        if let tracing = configuration.tracing {
+        if let tracing = self.configuration.tracing {
             self.logger.info(
                 "Tracing on",
                 metadata: [
@@ -171,35 +212,61 @@ struct DaemonAssembly {
                         configuration: watchdog, notifier: self.notifier, liveness: liveness,
                         eventLoopGroup: MultiThreadedEventLoopGroup.singleton, logger: self.logger)))
         }
-        services.append(
+        return services
+    }
+
+    /// The database prepared (migrations, the schema check), the batched latest reads, the read servers.
+    func databaseServices(_ parts: Parts, notifySettings: ConnectionSettings?)
+        -> [ServiceGroupConfiguration.ServiceConfiguration]
+    {
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(
                 service: self.databasePreparation(directSettings: notifySettings),
-                successTerminationBehavior: .ignore))
-        services.append(.init(service: store.readBatches))
+                successTerminationBehavior: .ignore),
+            .init(service: parts.store.readBatches),
+        ]
         if let replicas = self.replicas { services.append(.init(service: replicas)) }
+        return services
+    }
+
+    /// Once the API listener is bound: the instance heartbeat, the settings listener, the scheduler, and the
+    /// history move when this instance takes part.
+    func workServices(
+        _ parts: Parts, notifySettings: ConnectionSettings?, notifications: NotificationStatus
+    ) -> [ServiceGroupConfiguration.ServiceConfiguration] {
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         services.append(
             .init(
                 service: Gated(
                     after: self.listening,
                     InstanceHeartbeat(
-                        instances: Instances(pool: self.pool), identity: identity, interval: .seconds(10),
+                        instances: Instances(pool: self.pool), identity: parts.identity, interval: .seconds(10),
                         replicas: self.replicas, logger: self.logger))))
         services.append(
             .init(
                 service: Gated(
                     after: self.listening,
                     SettingsListener(
-                        pool: self.pool, queue: queue, signal: signal, sweepInterval: .seconds(30), logger: self.logger,
-                        notifySettings: notifySettings,
-                        pollInterval: schedulerConfiguration.idlePoll, status: dependencies.notifications))))
-        services.append(.init(service: Gated(after: self.listening, scheduler)))
-        if configuration.historyMove {
+                        pool: self.pool, queue: parts.queue, signal: parts.signal, sweepInterval: .seconds(30),
+                        logger: self.logger, notifySettings: notifySettings, pollInterval: parts.idlePoll,
+                        status: notifications))))
+        services.append(.init(service: Gated(after: self.listening, parts.scheduler)))
+        if self.configuration.historyMove {
             // Returns once there is nothing (left) to move.
             services.append(
                 .init(
-                    service: Gated(after: self.listening, HistoryMover(queue: queue, logger: self.logger)),
+                    service: Gated(after: self.listening, HistoryMover(queue: parts.queue, logger: self.logger)),
                     successTerminationBehavior: .ignore))
         }
+        return services
+    }
+
+    /// Once the database is prepared: the internal listener (when there is one), then the public one, last in
+    /// the list so first to stop accepting.
+    func listenerServices(
+        _ dependencies: HTTPDependencies, internalSockets: [ListenerSocket], tls: TLSIdentity?, server: HTTPServer
+    ) -> [ServiceGroupConfiguration.ServiceConfiguration] {
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         if !internalSockets.isEmpty {
             let timeouts = self.timeouts
             services.append(
@@ -209,19 +276,14 @@ struct DaemonAssembly {
                         buildAPIServer(
                             dependencies, endpoints: .internal(self.registry), sockets: internalSockets,
                             requestTimeout: timeouts.request, idleTimeout: timeouts.idle, writeTimeout: timeouts.write,
-                            tls: configuration.tls?.onInternal == true ? tls : nil,
+                            tls: self.configuration.tls?.onInternal == true ? tls : nil,
                             connectionLimit: .init(
-                                listener: "internal", maximum: configuration.internalMaxConnections,
+                                listener: "internal", maximum: self.configuration.internalMaxConnections,
                                 setting: "METRICSD_INTERNAL_MAX_CONNECTIONS"),
                             logger: self.logger))))
         }
         services.append(.init(service: Gated(after: self.databasePrepared, server)))
-
-        var groupConfiguration = ServiceGroupConfiguration(
-            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: self.logger)
-        groupConfiguration.maximumGracefulShutdownDuration = configuration.shutdown
-        groupConfiguration.maximumCancellationDuration = .seconds(5)
-        return ServiceGroup(configuration: groupConfiguration)
+        return services
     }
 
     /// The public listener's sockets: those systemd passed (one per `ListenStream=` of metricsd.socket), else

@@ -47,89 +47,37 @@ struct JWTClaims: Decodable, Equatable {
     private init?(compact bytes: [UInt8], duplicate: inout Bool) {
         var index = 0
         let count = bytes.count
-        func skipSpace() {
-            while index < count,
-                bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09
-            {
-                index += 1
-            }
-        }
-        /// A plain string at `index` (which is at its opening quote), as its byte range.
-        func plainString() -> Range<Int>? {
-            index += 1
-            let start = index
-            while index < count {
-                let byte = bytes[index]
-                if byte == 0x22 {
-                    index += 1
-                    return start..<(index - 1)
-                }
-                guard byte >= 0x20, byte < 0x80, byte != 0x5C else { return nil }
-                index += 1
-            }
-            return nil
-        }
-        skipSpace()
+        Self.skipSpace(bytes, &index)
         guard index < count, bytes[index] == 0x7B else { return nil }
         index += 1
-        skipSpace()
+        Self.skipSpace(bytes, &index)
         // Names seen so far, as byte ranges (a claims set has a handful: compared byte by byte, no strings).
         var seen: [Range<Int>] = []
         if index < count, bytes[index] == 0x7D {
             index += 1
         } else {
             while true {
-                guard index < count, bytes[index] == 0x22, let keyRange = plainString() else { return nil }
+                guard index < count, bytes[index] == 0x22, let keyRange = Self.plainString(bytes, &index) else {
+                    return nil
+                }
                 let key = bytes[keyRange]
                 guard !seen.contains(where: { bytes[$0].elementsEqual(key) }) else {
                     duplicate = true
                     return nil
                 }
                 seen.append(keyRange)
-                skipSpace()
+                Self.skipSpace(bytes, &index)
                 guard index < count, bytes[index] == 0x3A else { return nil }
                 index += 1
-                skipSpace()
-                guard index < count else { return nil }
-                let value: JSONScalar
-                if bytes[index] == 0x22 {
-                    guard let range = plainString() else { return nil }
-                    // Only the registered claims (three-letter names) are kept: no string for the others.
-                    value = key.count == 3 ? .string(String(decoding: bytes[range], as: UTF8.self)) : .other
-                } else if bytes[index] >= 0x30, bytes[index] <= 0x39 {
-                    let start = index
-                    var number: Int64 = 0
-                    while index < count, bytes[index] >= 0x30, bytes[index] <= 0x39 {
-                        number = number &* 10 &+ Int64(bytes[index] - 0x30)
-                        index += 1
-                    }
-                    let digits = index - start
-                    // No leading zeros (invalid JSON), at most 15 digits (exact as a Double), an integer.
-                    guard digits <= 15, digits == 1 || bytes[start] != 0x30 else { return nil }
-                    if index < count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 {
-                        return nil
-                    }
-                    value = .number(Double(number))
-                } else {
-                    return nil
-                }
-                if key.count == 3 {
-                    switch (key[key.startIndex], key[key.startIndex + 1], key[key.startIndex + 2]) {
-                    case (0x73, 0x75, 0x62): self.sub = value  // sub
-                    case (0x65, 0x78, 0x70): self.exp = value  // exp
-                    case (0x6E, 0x62, 0x66): self.nbf = value  // nbf
-                    case (0x69, 0x73, 0x73): self.iss = value  // iss
-                    case (0x61, 0x75, 0x64):  // aud
-                        guard case .string(let audience) = value else { return nil }
-                        self.aud = .values([audience])
-                    default: break
-                    }
-                }
-                skipSpace()
+                Self.skipSpace(bytes, &index)
+                guard let value = Self.plainValue(bytes, &index, keepString: key.count == 3),
+                    self.assign(value, to: key)
+                else { return nil }
+                Self.skipSpace(bytes, &index)
                 guard index < count else { return nil }
                 if bytes[index] == 0x2C {
                     index += 1
-                    skipSpace()
+                    Self.skipSpace(bytes, &index)
                     continue
                 }
                 guard bytes[index] == 0x7D else { return nil }
@@ -137,8 +85,75 @@ struct JWTClaims: Decodable, Equatable {
                 break
             }
         }
-        skipSpace()
+        Self.skipSpace(bytes, &index)
         guard index == count else { return nil }
+    }
+
+    /// Moves `index` past JSON whitespace.
+    private static func skipSpace(_ bytes: [UInt8], _ index: inout Int) {
+        while index < bytes.count,
+            bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09
+        {
+            index += 1
+        }
+    }
+
+    /// A plain string at `index` (which is at its opening quote), as its byte range; `index` moves past it.
+    private static func plainString(_ bytes: [UInt8], _ index: inout Int) -> Range<Int>? {
+        index += 1
+        let start = index
+        while index < bytes.count {
+            let byte = bytes[index]
+            if byte == 0x22 {
+                index += 1
+                return start..<(index - 1)
+            }
+            guard byte >= 0x20, byte < 0x80, byte != 0x5C else { return nil }
+            index += 1
+        }
+        return nil
+    }
+
+    /// A plain value at `index`: a plain string (as a string only with `keepString`) or an integer; nil for
+    /// anything else. `index` moves past it.
+    private static func plainValue(_ bytes: [UInt8], _ index: inout Int, keepString: Bool) -> JSONScalar? {
+        let count = bytes.count
+        guard index < count else { return nil }
+        if bytes[index] == 0x22 {
+            guard let range = Self.plainString(bytes, &index) else { return nil }
+            // Only the registered claims (three-letter names) are kept: no string for the others.
+            return keepString ? .string(String(decoding: bytes[range], as: UTF8.self)) : .other
+        }
+        guard bytes[index] >= 0x30, bytes[index] <= 0x39 else { return nil }
+        let start = index
+        var number: Int64 = 0
+        while index < count, bytes[index] >= 0x30, bytes[index] <= 0x39 {
+            number = number &* 10 &+ Int64(bytes[index] - 0x30)
+            index += 1
+        }
+        let digits = index - start
+        // No leading zeros (invalid JSON), at most 15 digits (exact as a Double), an integer.
+        guard digits <= 15, digits == 1 || bytes[start] != 0x30 else { return nil }
+        if index < count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 {
+            return nil
+        }
+        return .number(Double(number))
+    }
+
+    /// Keeps `value` when `key` names a registered claim; false for an `aud` that is not a string.
+    private mutating func assign(_ value: JSONScalar, to key: ArraySlice<UInt8>) -> Bool {
+        guard key.count == 3 else { return true }
+        switch (key[key.startIndex], key[key.startIndex + 1], key[key.startIndex + 2]) {
+        case (0x73, 0x75, 0x62): self.sub = value  // sub
+        case (0x65, 0x78, 0x70): self.exp = value  // exp
+        case (0x6E, 0x62, 0x66): self.nbf = value  // nbf
+        case (0x69, 0x73, 0x73): self.iss = value  // iss
+        case (0x61, 0x75, 0x64):  // aud
+            guard case .string(let audience) = value else { return false }
+            self.aud = .values([audience])
+        default: break
+        }
+        return true
     }
 
     /// `aud`: one string or an array of strings.

@@ -69,22 +69,7 @@ public struct TokenVerifier: Sendable {
     {
         let parts = Self.threeParts(token)
         guard let parts, token.utf8.count <= 8192 else { throw TokenError(.malformed, "malformed token") }
-        let alg: String
-        if let known = Self.commonHeader(parts.header) {
-            alg = known  // the usual header, character for character: nothing to decode
-        } else {
-            guard let headerData = Base64URL.decode(parts.header) else {
-                throw TokenError(.malformed, "malformed token")
-            }
-            // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
-            guard JSONObjectNames.hasDuplicates(headerData) == false,
-                let header = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
-            else {
-                throw TokenError(.malformedHeader, "malformed token header")
-            }
-            guard header.crit == nil else { throw TokenError(.criticalHeader, "unsupported critical header") }
-            alg = header.alg
-        }
+        let alg = try Self.algorithm(parts.header)
         // The algorithm is pinned to the key: HS256 to the secret, the public key's to the public key.
         let hmac = alg == "HS256" ? self.keyedHMAC : nil
         let publicKey = self.publicKey.flatMap { $0.algorithm == alg ? $0 : nil }
@@ -108,11 +93,35 @@ public struct TokenVerifier: Sendable {
             valid = false
         }
         guard valid else { throw TokenError(.badSignature, "invalid token signature") }
-        // RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
-        // refused, whichever reader would have read it.
-        let claims: JWTClaims
+        return try self.userID(Self.claims(payloadData), now: now)
+    }
+
+    /// The header's `alg`: the usual header compared as text, any other decoded (a name given twice or a `crit`
+    /// refuses the token).
+    private static func algorithm(_ header: Substring) throws(TokenError) -> String {
+        if let known = Self.commonHeader(header) {
+            return known  // the usual header, character for character: nothing to decode
+        }
+        guard let headerData = Base64URL.decode(header) else {
+            throw TokenError(.malformed, "malformed token")
+        }
+        // RFC 7515 §4: a header that names a parameter twice is refused (a decoder would keep one of them).
+        guard JSONObjectNames.hasDuplicates(headerData) == false,
+            let fields = try? Self.decoder.decode(JWTHeaderFields.self, from: Data(headerData))
+        else {
+            throw TokenError(.malformedHeader, "malformed token header")
+        }
+        guard fields.crit == nil else { throw TokenError(.criticalHeader, "unsupported critical header") }
+        return fields.alg
+    }
+
+    /// The claims set of a payload whose signature holds: read plainly when it is a plain one, else decoded.
+    ///
+    /// RFC 7519 §4: claim names must be unique; a claims set that repeats one (`{"sub":"5","sub":"6"}`) is
+    /// refused, whichever reader would have read it.
+    private static func claims(_ payloadData: [UInt8]) throws(TokenError) -> JWTClaims {
         switch JWTClaims.read(payloadData) {
-        case .claims(let plain): claims = plain
+        case .claims(let plain): return plain
         case .duplicateName: throw TokenError(.repeatedClaim, "token repeats a claim name")
         case .notPlain:
             guard let names = JSONObjectNames.hasDuplicates(payloadData) else {
@@ -127,8 +136,13 @@ public struct TokenVerifier: Sendable {
             if let literal = JSONObjectNames.literal(of: "sub", in: payloadData), !Self.isIntegerLiteral(literal) {
                 decoded.sub = .other
             }
-            claims = decoded
+            return decoded
         }
+    }
+
+    /// The user id (`sub`) of claims that hold at `now`: an expiry, not before, the issuer and audience
+    /// configured.
+    private func userID(_ claims: JWTClaims, now: Int64) throws(TokenError) -> Int64 {
         guard let exp = claims.exp?.seconds else { throw TokenError(.noExpiry, "token has no valid exp claim") }
         guard now <= exp + self.leeway else { throw TokenError(.expired, "token expired") }
         if let nbfValue = claims.nbf {

@@ -78,8 +78,43 @@ extension SQL {
     /// Both forms: `$1` now, `$9`–`$14` metrics arrays (user ids, bmi, bmr, tdee, dates, settings updated_at),
     /// `$15` version, `$16` skips as JSON, `$17` user ids whose skip record is cleared, `$18` skip source.
     static func writeBatch(_ conflict: Conflict, fenced: Bool) -> String {
-        let fence =
-            fenced
+        """
+        WITH clock AS (
+          SELECT coalesce($1::timestamptz, now()) AS now,
+                 date_trunc('milliseconds', coalesce($1::timestamptz, clock_timestamp())) AS stamp
+        ),
+        \(batchFence(fenced: fenced)),
+        \(batchZone(fenced: fenced))
+        batch AS (
+          SELECT r.*, \(batchStamp(conflict)) AS stamp
+          FROM unnest($9::bigint[], $10::numeric[], $11::int[], $12::int[], $13::date[], $14::timestamptz[])
+            AS r(user_id, bmi, bmr, tdee, metrics_date, settings_updated_at)
+          CROSS JOIN clock c
+        ),
+        \(writtenRows(conflict, also: stillInZone("b.user_id", fenced: fenced))),
+        skipped AS (
+          INSERT INTO metrics_skips AS ms (user_id, reason_codes, reasons, metrics_date, version, source, recorded_at)
+          SELECT j.u, string_to_array(j.c, ','), j.r, j.d, $15, $18, (SELECT now FROM clock)
+          FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, c text, r text, d date)
+          WHERE EXISTS (SELECT 1 FROM fence)\(stillInZone("j.u", fenced: fenced))
+          ON CONFLICT (user_id) DO UPDATE
+            SET reason_codes = excluded.reason_codes, reasons = excluded.reasons,
+                metrics_date = excluded.metrics_date, version = excluded.version, source = excluded.source,
+                recorded_at = excluded.recorded_at
+          RETURNING 1
+        ),
+        cleared AS (
+          DELETE FROM metrics_skips WHERE user_id = ANY($17::bigint[]) AND EXISTS (SELECT 1 FROM fence)
+          RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM written), (SELECT count(*) FROM skipped)
+        """
+    }
+
+    /// The `fence` CTE: with `fenced`, the chunk's progress and lease moved on only while this worker holds an
+    /// unexpired lease (one row, else none); without, one row whatever happens, the unused `$2`–`$8` typed.
+    static func batchFence(fenced: Bool) -> String {
+        fenced
             ? """
             fence AS (
               UPDATE work_chunks
@@ -97,12 +132,16 @@ extension SQL {
                 AND $5::int IS NULL AND $6::int IS NULL AND $7::float8 IS NULL AND $8::bool IS NULL
             )
             """
-        // A daily chunk writes only users still in its zone when it commits: a user who moved to another zone
-        // after the chunk read them gets no row (and no skip record) for the old zone's date. The rows are
-        // locked FOR SHARE, so a concurrent zone change waits for this commit (and then its refresh sees and
-        // removes what no longer fits) or, if it committed first, is seen here.
-        let inZone =
-            fenced
+    }
+
+    /// The `chunk_zone` and `in_zone` CTEs of a fenced batch (with their trailing comma), nothing unfenced.
+    ///
+    /// A daily chunk writes only users still in its zone when it commits: a user who moved to another zone
+    /// after the chunk read them gets no row (and no skip record) for the old zone's date. The rows are
+    /// locked FOR SHARE, so a concurrent zone change waits for this commit (and then its refresh sees and
+    /// removes what no longer fits) or, if it committed first, is seen here.
+    static func batchZone(fenced: Bool) -> String {
+        fenced
             ? """
             chunk_zone AS (SELECT timezone FROM work_chunks WHERE id = $2),
             in_zone AS (
@@ -113,19 +152,33 @@ extension SQL {
               FOR SHARE OF u
             ),
             """ : ""
-        // One array of ids, so the users are found through their primary key (an `OR … IN (subquery)` here made
-        // PostgreSQL scan every user for every batch); recompute chunks have no zone, lock nothing and keep all.
-        let stillInZone =
-            fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR b.user_id IN (SELECT id FROM in_zone))" : ""
-        let skipStillInZone =
-            fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR j.u IN (SELECT id FROM in_zone))" : ""
+    }
+
+    /// The condition that keeps a fenced batch's `user` (a column) to the users still in its zone; none unfenced.
+    ///
+    /// One array of ids, so the users are found through their primary key (an `OR … IN (subquery)` here made
+    /// PostgreSQL scan every user for every batch); recompute chunks have no zone, lock nothing and keep all.
+    static func stillInZone(_ user: String, fenced: Bool) -> String {
+        fenced ? " AND ((SELECT timezone FROM chunk_zone) IS NULL OR \(user) IN (SELECT id FROM in_zone))" : ""
+    }
+
+    /// The `stamp` of the batch's rows: settings changes stamp computed_at after the change they answer (the
+    /// sweep's staleness test); scheduled work stamps the run's instant.
+    static func batchStamp(_ conflict: Conflict) -> String {
+        conflict == .refreshIfStale
+            ? "greatest(c.stamp, date_trunc('milliseconds', r.settings_updated_at) + interval '1 millisecond')"
+            : "c.stamp"
+    }
+
+    /// The `written` CTE (and those it is made of), `condition` on the batch's rows too: the user id of each row
+    /// written.
+    static func writtenRows(_ conflict: Conflict, also condition: String) -> String {
         let newComputedAt = "greatest(excluded.computed_at, pm.computed_at + interval '1 millisecond')"
-        let written: String
         switch conflict {
         case .keep:
-            written = """
+            return """
                 written AS (
-                  \(insertBatch(leavingOut: nil, also: stillInZone))
+                  \(insertBatch(leavingOut: nil, also: condition))
                   ON CONFLICT (user_id, metrics_date, version) DO NOTHING
                   RETURNING pm.user_id
                 )
@@ -135,9 +188,9 @@ extension SQL {
             // the row it meets even when its WHERE then leaves it, and a batch holding one user's row while
             // waiting for another's (deleted by a transaction not committed yet) deadlocks with that transaction
             // when it comes to the first row later. Only rows to change are locked.
-            written = """
+            return """
                 written AS (
-                  \(insertBatch(leavingOut: .sameValues, also: stillInZone))
+                  \(insertBatch(leavingOut: .sameValues, also: condition))
                   ON CONFLICT (user_id, metrics_date, version) DO UPDATE
                     SET bmi = excluded.bmi, bmr = excluded.bmr, tdee = excluded.tdee, computed_at = \(newComputedAt)
                     WHERE (pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (excluded.bmi, excluded.bmr, excluded.tdee)
@@ -145,81 +198,58 @@ extension SQL {
                 )
                 """
         case .refreshIfStale:
-            // A row is stale when its values differ or it was computed before the settings last changed; the
-            // new computed_at is always after that change, so a second instance handling the same
-            // notification finds the row fresh and writes nothing.
-            written = """
-                refreshed AS (
-                  UPDATE profile_metrics pm
-                  SET bmi = b.bmi, bmr = b.bmr, tdee = b.tdee,
-                      computed_at = greatest(b.stamp, pm.computed_at + interval '1 millisecond')
-                  FROM batch b
-                  WHERE EXISTS (SELECT 1 FROM fence)\(stillInZone) AND pm.user_id = b.user_id
-                    AND pm.metrics_date = b.metrics_date AND pm.version = $15
-                    AND ((pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (b.bmi, b.bmr, b.tdee)
-                         OR pm.computed_at <= b.settings_updated_at)
-                  RETURNING pm.user_id
-                ),
+            return """
+                \(refreshedRows(also: condition)),
                 inserted AS (
-                  \(insertBatch(leavingOut: .any, also: stillInZone))
+                  \(insertBatch(leavingOut: .any, also: condition))
                   ON CONFLICT (user_id, metrics_date, version) DO NOTHING
                   RETURNING pm.user_id
                 ),
                 written AS (SELECT user_id FROM refreshed UNION ALL SELECT user_id FROM inserted),
-                -- Rows dated after the user's current local date: left by a time zone change that moved the local
-                -- date back (a day not yet reached in the new zone). Never written otherwise: the daily job and
-                -- recomputation write no date ahead of the user's current one. Such a row was computed once its
-                -- date had begun somewhere (at or after its 00:00 at UTC+14), so only the user's newest entries of
-                -- profile_metrics_user_computed_at_idx are looked at, not their whole history.
-                ahead AS (
-                  DELETE FROM profile_metrics pm
-                  USING (SELECT b.user_id, b.metrics_date FROM batch b
-                         UNION ALL
-                         SELECT j.u, j.d FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, d date)) cur
-                  WHERE EXISTS (SELECT 1 FROM fence) AND pm.user_id = cur.user_id AND pm.metrics_date > cur.metrics_date
-                    AND pm.computed_at >= (cur.metrics_date + 1)::timestamp AT TIME ZONE 'Etc/GMT-14'
-                  RETURNING 1
-                )
+                \(rowsAhead)
                 """
         }
-        // Settings changes stamp computed_at after the change they answer (the sweep's staleness test);
-        // scheduled work stamps the run's instant.
-        let stamp =
-            conflict == .refreshIfStale
-            ? "greatest(c.stamp, date_trunc('milliseconds', r.settings_updated_at) + interval '1 millisecond')"
-            : "c.stamp"
-        return """
-            WITH clock AS (
-              SELECT coalesce($1::timestamptz, now()) AS now,
-                     date_trunc('milliseconds', coalesce($1::timestamptz, clock_timestamp())) AS stamp
-            ),
-            \(fence),
-            \(inZone)
-            batch AS (
-              SELECT r.*, \(stamp) AS stamp
-              FROM unnest($9::bigint[], $10::numeric[], $11::int[], $12::int[], $13::date[], $14::timestamptz[])
-                AS r(user_id, bmi, bmr, tdee, metrics_date, settings_updated_at)
-              CROSS JOIN clock c
-            ),
-            \(written),
-            skipped AS (
-              INSERT INTO metrics_skips AS ms (user_id, reason_codes, reasons, metrics_date, version, source, recorded_at)
-              SELECT j.u, string_to_array(j.c, ','), j.r, j.d, $15, $18, (SELECT now FROM clock)
-              FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, c text, r text, d date)
-              WHERE EXISTS (SELECT 1 FROM fence)\(skipStillInZone)
-              ON CONFLICT (user_id) DO UPDATE
-                SET reason_codes = excluded.reason_codes, reasons = excluded.reasons,
-                    metrics_date = excluded.metrics_date, version = excluded.version, source = excluded.source,
-                    recorded_at = excluded.recorded_at
-              RETURNING 1
-            ),
-            cleared AS (
-              DELETE FROM metrics_skips WHERE user_id = ANY($17::bigint[]) AND EXISTS (SELECT 1 FROM fence)
-              RETURNING 1
-            )
-            SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM written), (SELECT count(*) FROM skipped)
-            """
     }
+
+    /// The `refreshed` CTE of `.refreshIfStale`: the existing rows the batch changes, `condition` on the batch's
+    /// rows too.
+    ///
+    /// A row is stale when its values differ or it was computed before the settings last changed; the new
+    /// computed_at is always after that change, so a second instance handling the same notification finds the
+    /// row fresh and writes nothing.
+    static func refreshedRows(also condition: String) -> String {
+        """
+        refreshed AS (
+          UPDATE profile_metrics pm
+          SET bmi = b.bmi, bmr = b.bmr, tdee = b.tdee,
+              computed_at = greatest(b.stamp, pm.computed_at + interval '1 millisecond')
+          FROM batch b
+          WHERE EXISTS (SELECT 1 FROM fence)\(condition) AND pm.user_id = b.user_id
+            AND pm.metrics_date = b.metrics_date AND pm.version = $15
+            AND ((pm.bmi, pm.bmr, pm.tdee) IS DISTINCT FROM (b.bmi, b.bmr, b.tdee)
+                 OR pm.computed_at <= b.settings_updated_at)
+          RETURNING pm.user_id
+        )
+        """
+    }
+
+    /// The `ahead` CTE of `.refreshIfStale`, with the comment that says why.
+    static let rowsAhead = """
+        -- Rows dated after the user's current local date: left by a time zone change that moved the local
+        -- date back (a day not yet reached in the new zone). Never written otherwise: the daily job and
+        -- recomputation write no date ahead of the user's current one. Such a row was computed once its
+        -- date had begun somewhere (at or after its 00:00 at UTC+14), so only the user's newest entries of
+        -- profile_metrics_user_computed_at_idx are looked at, not their whole history.
+        ahead AS (
+          DELETE FROM profile_metrics pm
+          USING (SELECT b.user_id, b.metrics_date FROM batch b
+                 UNION ALL
+                 SELECT j.u, j.d FROM jsonb_to_recordset($16::jsonb) AS j(u bigint, d date)) cur
+          WHERE EXISTS (SELECT 1 FROM fence) AND pm.user_id = cur.user_id AND pm.metrics_date > cur.metrics_date
+            AND pm.computed_at >= (cur.metrics_date + 1)::timestamp AT TIME ZONE 'Etc/GMT-14'
+          RETURNING 1
+        )
+        """
 
     /// The batch's rows inserted in user order (the fence held, `condition` on `b` too), leaving out those whose
     /// user, date and version have a row already (`.any`), or one holding the same values (`.sameValues`).

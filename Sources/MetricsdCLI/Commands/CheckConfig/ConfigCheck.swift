@@ -54,47 +54,9 @@ public struct ConfigCheck: Sendable {
             check.problem("METRICSD_ENV_FILE", error)
             return check
         }
-        if host.underSystemd {
-            check.note("settings", "the environment systemd gave (EnvironmentFile=, LoadCredential=)")
-        } else if let file = host.settingsFile {
-            check.note("settings", "\(file) (\(host.settingsFromFile.count) settings; exported variables win)")
-        } else {
-            check.note("settings", "the environment only (no \(HostEnvironment.defaultEnvironmentFile))")
-        }
-        if !host.credentialsUsed.isEmpty {
-            check.note("credentials", host.credentialsUsed.map { "\($0.id) from \($0.path)" }.joined(separator: ", "))
-        }
-        for unreadable in host.credentialsUnreadable {
-            check.problem(
-                unreadable.path, .secretUnreadable,
-                "cannot read it (\(unreadable.reason)); run check-config as root to check it")
-        }
-        let environment: [String: String]
-        do {
-            environment = try ConfigFile.merge(into: host.environment)
-        } catch {
-            check.problem("METRICSD_CONFIG_FILE", error)
-            environment = host.environment
-        }
-        check.warnings = SecretExposure.warnings(
-            environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
-            underSystemd: host.underSystemd)
-
+        let environment = check.checkSources(host)
         // 2. Every setting on its own (the secrets' files below), and no unknown name in the settings file.
-        if let file = host.settingsFile {
-            for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil
-            {
-                check.problem(name, .unknownSetting, "unknown setting (in \(file)); `metricsd help` lists them all")
-            }
-        }
-        let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
-        check.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(
-            UnknownSettings.warning)
-        let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
-        for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
-            guard let value = environment[setting.name], !value.isEmpty else { continue }
-            if let problem = setting.problem(value) { check.problem(setting.name, problem) }
-        }
+        check.checkSettings(environment, host: host)
         // 3. Secrets: present, readable, long enough, distinct.
         check.checkSecrets(environment)
         // The sockets systemd passes the service, where it runs: they replace the listen settings.
@@ -102,39 +64,7 @@ public struct ConfigCheck: Sendable {
         // 4. The rest of what `serve` checks (constraints between settings, the connection string, the open-file
         //    budget), only when nothing above was wrong: its first error would repeat one of them.
         if check.isOK {
-            do {
-                let configuration = try Configuration(environment: environment)
-                _ = try configuration.connectionSettings(environment: environment)
-                if let tls = configuration.tls {
-                    do {
-                        let certificate = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
-                        let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap {
-                            $0
-                        }
-                        check.note(
-                            "tls",
-                            "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))"
-                        )
-                        check.warnings += certificate.warnings.map {
-                            SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)")
-                        }
-                    } catch {
-                        check.problem("METRICSD_TLS", .tlsCertificateInvalid, error.from(tls.source).message)
-                    }
-                }
-                let budget = DescriptorBudget(
-                    configuration: configuration,
-                    readServers: try configuration.readServers(environment: environment).count,
-                    sockets: systemd?.passedSockets ?? (0, 0))
-                let limit = DescriptorBudget.limit().hard
-                if let problem = budget.problem(limit: limit) {
-                    check.problem("METRICSD_MAX_CONNECTIONS", .openFiles, problem)
-                } else {
-                    check.note("open files", budget.summary(limit: limit))
-                }
-            } catch {
-                check.problem(Self.settingName(in: error.message) ?? "configuration", error)
-            }
+            check.checkConfiguration(environment, systemd: systemd)
         }
         // 5. Listeners, as served: systemd's sockets or the settings, each probed (ConfigCheck+Listeners).
         await check.checkListeners(environment, systemd: systemd)
@@ -143,6 +73,100 @@ public struct ConfigCheck: Sendable {
         await check.checkPooler(environment)
         await check.checkReadServers(environment)
         return check
+    }
+
+    /// Where the settings and credentials come from, the credentials that cannot be read, the configuration file
+    /// merged in and the secrets others can read; returns the environment `serve` would read.
+    mutating func checkSources(_ host: HostEnvironment) -> [String: String] {
+        if host.underSystemd {
+            self.note("settings", "the environment systemd gave (EnvironmentFile=, LoadCredential=)")
+        } else if let file = host.settingsFile {
+            self.note("settings", "\(file) (\(host.settingsFromFile.count) settings; exported variables win)")
+        } else {
+            self.note("settings", "the environment only (no \(HostEnvironment.defaultEnvironmentFile))")
+        }
+        if !host.credentialsUsed.isEmpty {
+            self.note("credentials", host.credentialsUsed.map { "\($0.id) from \($0.path)" }.joined(separator: ", "))
+        }
+        for unreadable in host.credentialsUnreadable {
+            self.problem(
+                unreadable.path, .secretUnreadable,
+                "cannot read it (\(unreadable.reason)); run check-config as root to check it")
+        }
+        let environment: [String: String]
+        do {
+            environment = try ConfigFile.merge(into: host.environment)
+        } catch {
+            self.problem("METRICSD_CONFIG_FILE", error)
+            environment = host.environment
+        }
+        self.warnings = SecretExposure.warnings(
+            environment: environment, settingsFile: host.settingsFile, settingsFromFile: host.settingsFromFile,
+            underSystemd: host.underSystemd)
+        return environment
+    }
+
+    /// Every setting on its own (the secrets' files are checked apart), an unknown `METRICSD_` name in the settings
+    /// file as a problem, one elsewhere as a warning.
+    mutating func checkSettings(_ environment: [String: String], host: HostEnvironment) {
+        if let file = host.settingsFile {
+            for name in host.settingsFromFile where name.hasPrefix("METRICSD_") && SettingsCatalog.setting(name) == nil
+            {
+                self.problem(name, .unknownSetting, "unknown setting (in \(file)); `metricsd help` lists them all")
+            }
+        }
+        let fromFile = host.settingsFile == nil ? [] : Set(host.settingsFromFile)
+        self.warnings += UnknownSettings.names(in: environment).filter { !fromFile.contains($0) }.map(
+            UnknownSettings.warning)
+        let secretFiles = Set(HostEnvironment.credentials.map(\.fileVariable))
+        for setting in SettingsCatalog.all where !secretFiles.contains(setting.name) {
+            guard let value = environment[setting.name], !value.isEmpty else { continue }
+            if let problem = setting.problem(value) { self.problem(setting.name, problem) }
+        }
+    }
+
+    /// What `serve` checks beyond single settings: the constraints between them, the connection string, the TLS
+    /// certificate and key, the open-file budget for the sockets `systemd` passes (or the listen settings).
+    mutating func checkConfiguration(_ environment: [String: String], systemd: SystemdSockets?) {
+        do {
+            let configuration = try Configuration(environment: environment)
+            _ = try configuration.connectionSettings(environment: environment)
+            if let tls = configuration.tls {
+                self.checkCertificate(tls)
+            }
+            let budget = DescriptorBudget(
+                configuration: configuration,
+                readServers: try configuration.readServers(environment: environment).count,
+                sockets: systemd?.passedSockets ?? (0, 0))
+            let limit = DescriptorBudget.limit().hard
+            if let problem = budget.problem(limit: limit) {
+                self.problem("METRICSD_MAX_CONNECTIONS", .openFiles, problem)
+            } else {
+                self.note("open files", budget.summary(limit: limit))
+            }
+        } catch {
+            self.problem(Self.settingName(in: error.message) ?? "configuration", error)
+        }
+    }
+
+    /// The listeners' certificate and key: usable, with its expiry noted and its warnings (expiring soon, not
+    /// valid yet) reported.
+    mutating func checkCertificate(_ tls: TLSSettings) {
+        do {
+            let certificate = try TLSIdentity.validate(certificate: tls.certificate, key: tls.key)
+            let listeners = [tls.onPublic ? "public" : nil, tls.onInternal ? "internal" : nil].compactMap {
+                $0
+            }
+            self.note(
+                "tls",
+                "\(listeners.joined(separator: " and ")) listener, certificate valid until \(Self.date(certificate.notValidAfter)) (\(certificate.key), serial \(certificate.serial))"
+            )
+            self.warnings += certificate.warnings.map {
+                SecretExposure.Warning(setting: "METRICSD_TLS", text: "\(tls.source): \($0)")
+            }
+        } catch {
+            self.problem("METRICSD_TLS", .tlsCertificateInvalid, error.from(tls.source).message)
+        }
     }
 
     mutating func checkSecrets(_ environment: [String: String]) {
