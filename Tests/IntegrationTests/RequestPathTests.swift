@@ -324,6 +324,32 @@ import Testing
         }
     }
 
+    /// A setting taken out of the reloadable configuration file falls back on reload to what it would be without
+    /// the file (the environment's value), not to the file's old value: each reload merges the file into the
+    /// environment as it was before the file, never into the one merged at start.
+    @Test func aSettingTakenOutOfTheFileFallsBackOnReload() async throws {
+        try await withTestDatabase { database in
+            let file = try scratchFile("metricsd.conf", "METRICSD_DAILY_AT=03:30\n")
+            let daemon = try await DaemonProcess.start(
+                database: database, extra: ["METRICSD_CONFIG_FILE": file, "METRICSD_DAILY_AT": "01:15"])
+            try "METRICSD_DAILY_AT=04:45\n".write(toFile: file, atomically: true, encoding: .utf8)
+            daemon.signal(SIGHUP)
+            let first = await DaemonProcess.eventually(timeout: .seconds(20)) {
+                daemon.log.contains("metricsd.daily_at=04:45")
+            }
+            #expect(first, "the file's new value was not reloaded:\n\(daemon.log.suffix(2000))")
+            try "# METRICSD_DAILY_AT taken out\n".write(toFile: file, atomically: true, encoding: .utf8)
+            daemon.signal(SIGHUP)
+            let second = await DaemonProcess.eventually(timeout: .seconds(20)) {
+                daemon.log.split(separator: "\n").filter { $0.contains("Reloaded") }.count >= 2
+            }
+            #expect(second, "no second reload:\n\(daemon.log.suffix(2000))")
+            let last = daemon.log.split(separator: "\n").last { $0.contains("Reloaded") }.map(String.init) ?? ""
+            #expect(last.contains("metricsd.daily_at=01:15"), "\(last)")
+            await daemon.stop()
+        }
+    }
+
     /// `METRICSD_REQUEST_LOG` changes on reload: the real daemon, switched from `off` to `all` by SIGHUP through
     /// its reloadable configuration file.
     @Test func requestLogSwitchesOnReload() async throws {

@@ -67,9 +67,10 @@ public enum Daemon {
             return error.code
         }
         let assembly = DaemonAssembly(
-            configuration: configuration, environment: environment, migrate: migrate, tokens: database.tokens,
-            pool: database.pool, replicas: database.replicas, registry: registry, levelBox: levelBox,
-            notifier: notifier, hooks: DaemonHooks.current, activation: listeners.activation, logger: logger)
+            configuration: configuration, environment: environment, reloadBase: settings.host.environment,
+            migrate: migrate, tokens: database.tokens, pool: database.pool, replicas: database.replicas,
+            registry: registry, levelBox: levelBox, notifier: notifier, hooks: DaemonHooks.current,
+            activation: listeners.activation, logger: logger)
         Self.logListeners(listeners.activation, environment: environment, logger: logger)
         return await Self.run(assembly, database: database, fatalLogger: fatalLogger)
     }

@@ -31,6 +31,9 @@ import UnixSignals
 struct DaemonAssembly {
     let configuration: Configuration
     let environment: [String: String]
+    /// The environment before `METRICSD_CONFIG_FILE` was merged into it: what a reload merges the file into
+    /// again, so that a setting taken out of the file falls back to the environment's value or its default.
+    let reloadBase: [String: String]
     let migrate: Bool
     let tokens: TokenVerifier
     let pool: PostgresPool
@@ -54,12 +57,14 @@ struct DaemonAssembly {
     let ready = Gate()
 
     init(
-        configuration: Configuration, environment: [String: String], migrate: Bool, tokens: TokenVerifier,
-        pool: PostgresPool, replicas: ReadReplicas?, registry: PrometheusCollectorRegistry, levelBox: LogLevelBox,
-        notifier: SystemdNotifier, hooks: DaemonHooks, activation: SocketActivation = SocketActivation(), logger: Logger
+        configuration: Configuration, environment: [String: String], reloadBase: [String: String], migrate: Bool,
+        tokens: TokenVerifier, pool: PostgresPool, replicas: ReadReplicas?, registry: PrometheusCollectorRegistry,
+        levelBox: LogLevelBox, notifier: SystemdNotifier, hooks: DaemonHooks,
+        activation: SocketActivation = SocketActivation(), logger: Logger
     ) {
         self.configuration = configuration
         self.environment = environment
+        self.reloadBase = reloadBase
         self.migrate = migrate
         self.tokens = tokens
         self.pool = pool
@@ -101,7 +106,7 @@ struct DaemonAssembly {
             dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: parts.status,
             identity: parts.identity)
         let reload = Reload(
-            base: self.environment, levelBox: self.levelBox, dailyAt: parts.dailyAt, credentials: parts.credentials,
+            base: self.reloadBase, levelBox: self.levelBox, dailyAt: parts.dailyAt, credentials: parts.credentials,
             requestLog: requestLog, status: parts.status, notifier: self.notifier, ready: self.ready, tls: tls,
             logger: self.logger)
 
