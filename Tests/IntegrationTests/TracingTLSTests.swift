@@ -52,13 +52,23 @@ import Testing
         }
     }
 
-    /// Without the CA file the receiver's certificate is not trusted (the system's roots do not know it): the
-    /// handshake fails, nothing arrives, the failure is logged once and the spans counted as dropped; reads go on.
-    @Test func untrustedReceiverGetsNothingAndTheDropsAreCounted() async throws {
+    /// A receiver the daemon must not trust: its certificate unknown to the system's roots (no CA file), or
+    /// trusted but for another name than the endpoint's host.
+    enum Untrusted: String, CaseIterable, Sendable {
+        case unknownIssuer
+        case otherName
+    }
+
+    /// The handshake fails, nothing arrives, the failure is logged with its reason and the spans counted as
+    /// dropped; reads go on.
+    @Test(arguments: Untrusted.allCases)
+    func untrustedReceiverGetsNothingAndTheDropsAreCounted(_ untrusted: Untrusted) async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(TracingTests.userID)])
-            let certificate = try await TestCertificate.make("otlp-untrusted")
-            let (receiver, daemon) = try await Self.start(database, receiverCertificate: certificate, caFile: nil)
+            let certificate = try await TestCertificate.make(
+                "otlp-untrusted", names: untrusted == .otherName ? "DNS:collector.example" : "DNS:localhost,IP:127.0.0.1")
+            let (receiver, daemon) = try await Self.start(
+                database, receiverCertificate: certificate, caFile: untrusted == .otherName ? certificate.certificate : nil)
             _ = try await Self.tracedRead(daemon)
             var dropped = 0.0
             let counted = try await DaemonProcess.eventually(timeout: .seconds(15)) {
@@ -67,7 +77,7 @@ import Testing
             }
             #expect(counted, "dropped \(dropped)\n\(daemon.log.suffix(2000))")
             let line = daemon.log.split(separator: "\n").first { $0.contains("Trace export failed") } ?? ""
-            #expect(line.contains("CERTIFICATE_VERIFY_FAILED"), "the failure does not say why: \(line)")
+            #expect(line.contains(untrusted == .otherName ? "Hostname" : "CERTIFICATE_VERIFY_FAILED"), "the failure does not say why: \(line)")
             #expect(!receiver.failedHandshakes.isEmpty, "the daemon never tried the receiver")
             #expect(receiver.requests == 0 && receiver.spans.isEmpty, "exported to an untrusted receiver: \(receiver.spans.map(\.name))")
             let again = try await daemon.request(
