@@ -166,10 +166,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         -> PostgresResult
     {
         try self.traced(name) { (comment) throws(PostgresError) in
-            // A sampled statement's text differs from every other's: sent unnamed, the prepared one stays as it is.
-            guard self.usesNamedStatements, comment == nil else {
-                return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
-            }
+            // A statement with the comment has a text unlike every other's: sent unnamed, the prepared one stays
+            // as it is. (The batched latest read never gets one: ``StatementTrace/Comment/never``.)
+            guard self.usesNamedStatements, comment == nil else { return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters) }
             return try self.named(name, sql, parameters)
         }
     }

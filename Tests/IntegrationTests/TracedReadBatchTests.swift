@@ -93,12 +93,12 @@ import Testing
         return covered.intersection(servers.map(\.link))
     }
 
-    /// One sampled read per user while the test holds an exclusive lock on `profile_metrics_latest` for a second:
+    /// One sampled read per user while the test holds an exclusive lock on `profile_metrics_latest` for two seconds:
     /// the runners' first batches wait for it, the rest queue and go as one batch. Each read's server span.
     static func heldBackReads(_ database: TestDatabase, daemon: DaemonProcess) async throws -> [ServerSpan] {
         let lock = Task {
             try await database.execute(
-                "BEGIN; LOCK TABLE profile_metrics_latest IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(1); COMMIT")
+                "BEGIN; LOCK TABLE profile_metrics_latest IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT")
         }
         try await Task.sleep(for: .milliseconds(300))
         let servers = try await withThrowingTaskGroup(of: ServerSpan.self) { group in
