@@ -48,7 +48,8 @@ extension Configuration {
         guard endpoint.usesTLS else {
             throw ConfigurationError(
                 .invalidValue,
-                "\(name) is set but traces go to \(endpoint), which is not https: use an https:// endpoint, or unset \(name)")
+                "\(name) is set but traces go to \(endpoint), which is not https: use an https:// endpoint, or unset \(name)"
+            )
         }
         let pem: String
         do {
@@ -59,13 +60,17 @@ extension Configuration {
         do {
             return try TrustRoots(path: path, pem: pem)
         } catch {
-            throw ConfigurationError(.invalidValue, "\(name): \(error.message); give the PEM file of the CA that signed the collector's certificate")
+            throw ConfigurationError(
+                .invalidValue,
+                "\(name): \(error.message); give the PEM file of the CA that signed the collector's certificate")
         }
     }
 
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is (`/` when it has no path), else `OTEL_EXPORTER_OTLP_ENDPOINT`
     /// with `/v1/traces` after its path, else `http://localhost:4318/v1/traces`.
-    private static func traceEndpoint(_ reader: EnvironmentReader) throws(ConfigurationError) -> TracingSettings.Endpoint {
+    private static func traceEndpoint(_ reader: EnvironmentReader) throws(ConfigurationError)
+        -> TracingSettings.Endpoint
+    {
         let expected = "an http:// or https:// URL, e.g. http://127.0.0.1:4318"
         if let text = reader["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] {
             guard let url = TracingSettings.Endpoint.parse(text) else {

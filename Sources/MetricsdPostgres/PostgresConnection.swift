@@ -168,7 +168,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         try self.traced(name) { (comment) throws(PostgresError) in
             // A statement with the comment has a text unlike every other's: sent unnamed, the prepared one stays
             // as it is. (The batched latest read never gets one: ``StatementTrace/Comment/never``.)
-            guard self.usesNamedStatements, comment == nil else { return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters) }
+            guard self.usesNamedStatements, comment == nil else {
+                return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
+            }
             return try self.named(name, sql, parameters)
         }
     }

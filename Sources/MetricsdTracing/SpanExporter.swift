@@ -130,7 +130,9 @@ public final class SpanExporter: Service, Sendable {
         }
     }
 
-    private static func send(_ body: ByteBuffer, to endpoint: TracingSettings.Endpoint, tls: NIOSSLContext?) async throws {
+    private static func send(_ body: ByteBuffer, to endpoint: TracingSettings.Endpoint, tls: NIOSSLContext?)
+        async throws
+    {
         // SNI takes a host name only; an IP address is verified against the certificate's IP addresses without it.
         let serverName = (try? SocketAddress(ipAddress: endpoint.host, port: 0)) == nil ? endpoint.host : nil
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)

@@ -63,7 +63,8 @@ public struct TracingSettings: Sendable, Equatable {
     public let trustRoots: TrustRoots?
 
     public init(
-        endpoint: Endpoint, sampler: Sampler, serviceName: String, queueCapacity: Int = 4096, trustRoots: TrustRoots? = nil
+        endpoint: Endpoint, sampler: Sampler, serviceName: String, queueCapacity: Int = 4096,
+        trustRoots: TrustRoots? = nil
     ) {
         self.endpoint = endpoint
         self.sampler = sampler

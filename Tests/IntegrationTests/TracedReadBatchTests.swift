@@ -35,7 +35,8 @@ import Testing
         let more = readServer ? ["METRICSD_READ_DATABASE_URL": database.url] : [:]
         let (receiver, daemon) = try await TracingTests.start(database, sampler: "always_on", more: more)
         for user in Self.users {  // every row written (by the daily unit or on request) before the batch
-            let first = try await daemon.request(TracingTests.latestPath, headers: TestTokens.bearer(TestTokens.user(user)))
+            let first = try await daemon.request(
+                TracingTests.latestPath, headers: TestTokens.bearer(TestTokens.user(user)))
             try #require(first.status == .ok, "\(first.text)")
         }
         if readServer {
@@ -58,15 +59,20 @@ import Testing
             #expect(!entry.contains("<unnamed>") && !entry.contains("traceparent"), "sent unnamed: \(entry)")
         }
         if readServer {
-            #expect(try await Self.readServerReads(daemon) - readsBefore >= Double(Self.users.count), "not read on the read server")
+            #expect(
+                try await Self.readServerReads(daemon) - readsBefore >= Double(Self.users.count),
+                "not read on the read server")
         }
 
         // The trace: each batch's statement span is a child of one request's server span and linked to the others.
         let traceIDs = Set(servers.map(\.traceID))
         let statements = await receiver.spans { spans in
-            Self.covered(spans.filter { $0.kind == 3 && traceIDs.contains($0.traceID) }, servers) == Set(servers.map(\.link))
+            Self.covered(spans.filter { $0.kind == 3 && traceIDs.contains($0.traceID) }, servers)
+                == Set(servers.map(\.link))
         }.filter { $0.kind == 3 && traceIDs.contains($0.traceID) }
-        #expect(Self.covered(statements, servers) == Set(servers.map(\.link)), "statements: \(statements.map { ($0.name, $0.parentSpanID, $0.links) })")
+        #expect(
+            Self.covered(statements, servers) == Set(servers.map(\.link)),
+            "statements: \(statements.map { ($0.name, $0.parentSpanID, $0.links) })")
         #expect(statements.contains { $0.name == "latest_metrics_batch" && !$0.links.isEmpty })
         for statement in statements {
             #expect(statement.name.hasPrefix("latest_metrics"))
@@ -135,7 +141,8 @@ import Testing
 
         init(_ database: TestDatabase) async throws {
             let data = try #require(try await database.value("SHOW data_directory"))
-            self.path = URL(fileURLWithPath: data).deletingLastPathComponent().appendingPathComponent("log/postgresql.log").path
+            self.path =
+                URL(fileURLWithPath: data).deletingLastPathComponent().appendingPathComponent("log/postgresql.log").path
             let attributes = try FileManager.default.attributesOfItem(atPath: self.path)
             self.start = try #require((attributes[.size] as? NSNumber)?.uint64Value)
         }

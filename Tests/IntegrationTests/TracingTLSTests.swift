@@ -16,7 +16,8 @@ import Testing
         let receiver = try OTLPReceiver(certificate: receiverCertificate)
         try await receiver.waitUntilReady()
         var extra = [
-            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_SAMPLER": "always_on",
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_TRACES_SAMPLER": "always_on",
             "METRICSD_DAILY_AT": "00:00", "METRICSD_WORKERS": "1",
         ]
         if let caFile { extra["OTEL_EXPORTER_OTLP_CERTIFICATE"] = caFile }
@@ -40,11 +41,14 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(TracingTests.userID)])
             let certificate = try await TestCertificate.make("otlp-receiver")
-            let (receiver, daemon) = try await Self.start(database, receiverCertificate: certificate, caFile: certificate.certificate)
+            let (receiver, daemon) = try await Self.start(
+                database, receiverCertificate: certificate, caFile: certificate.certificate)
             #expect(receiver.endpoint.hasPrefix("https://"))
             let traceID = try await Self.tracedRead(daemon)
             let spans = await receiver.spans { spans in spans.contains { $0.traceID == traceID && $0.kind == 2 } }
-            #expect(spans.contains { $0.traceID == traceID && $0.kind == 2 }, "received: \(spans.map(\.name)); handshakes: \(receiver.failedHandshakes)\n\(daemon.log.suffix(2000))")
+            #expect(
+                spans.contains { $0.traceID == traceID && $0.kind == 2 },
+                "received: \(spans.map(\.name)); handshakes: \(receiver.failedHandshakes)\n\(daemon.log.suffix(2000))")
             #expect(receiver.failedHandshakes.isEmpty, "\(receiver.failedHandshakes)")
             #expect(receiver.rejected.isEmpty, "\(receiver.rejected)")
             daemon.signal(SIGTERM)
@@ -66,20 +70,28 @@ import Testing
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(TracingTests.userID)])
             let certificate = try await TestCertificate.make(
-                "otlp-untrusted", names: untrusted == .otherName ? "DNS:collector.example" : "DNS:localhost,IP:127.0.0.1")
+                "otlp-untrusted",
+                names: untrusted == .otherName ? "DNS:collector.example" : "DNS:localhost,IP:127.0.0.1")
             let (receiver, daemon) = try await Self.start(
-                database, receiverCertificate: certificate, caFile: untrusted == .otherName ? certificate.certificate : nil)
+                database, receiverCertificate: certificate,
+                caFile: untrusted == .otherName ? certificate.certificate : nil)
             _ = try await Self.tracedRead(daemon)
             var dropped = 0.0
             let counted = try await DaemonProcess.eventually(timeout: .seconds(15)) {
-                dropped = PrometheusScrape.value(try await PrometheusScrape.scrape(daemon), "metricsd_trace_spans_dropped_total") ?? 0
+                dropped =
+                    PrometheusScrape.value(
+                        try await PrometheusScrape.scrape(daemon), "metricsd_trace_spans_dropped_total") ?? 0
                 return dropped > 0 && daemon.log.contains("Trace export failed; spans dropped")
             }
             #expect(counted, "dropped \(dropped)\n\(daemon.log.suffix(2000))")
             let line = daemon.log.split(separator: "\n").first { $0.contains("Trace export failed") } ?? ""
-            #expect(line.contains(untrusted == .otherName ? "Hostname" : "CERTIFICATE_VERIFY_FAILED"), "the failure does not say why: \(line)")
+            #expect(
+                line.contains(untrusted == .otherName ? "Hostname" : "CERTIFICATE_VERIFY_FAILED"),
+                "the failure does not say why: \(line)")
             #expect(!receiver.failedHandshakes.isEmpty, "the daemon never tried the receiver")
-            #expect(receiver.requests == 0 && receiver.spans.isEmpty, "exported to an untrusted receiver: \(receiver.spans.map(\.name))")
+            #expect(
+                receiver.requests == 0 && receiver.spans.isEmpty,
+                "exported to an untrusted receiver: \(receiver.spans.map(\.name))")
             let again = try await daemon.request(
                 TracingTests.latestPath, headers: TestTokens.bearer(TestTokens.user(TracingTests.userID)))
             #expect(again.status == .ok)
@@ -95,7 +107,9 @@ import Testing
         ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "https://127.0.0.1:4318", nil, "cannot read"),
         ("OTEL_EXPORTER_OTLP_CERTIFICATE", "http://127.0.0.1:4318", "unused\n", "which is not https"),
     ])
-    func checkConfigRefusesABadCAFile(variable: String, endpoint: String, content: String?, expected: String) async throws {
+    func checkConfigRefusesABadCAFile(variable: String, endpoint: String, content: String?, expected: String)
+        async throws
+    {
         let directory = try ScratchFiles.directory("otlp-ca")
         let path = directory + "/ca.pem"
         if let content { try ScratchFiles.write(content, to: path) }

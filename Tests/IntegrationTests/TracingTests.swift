@@ -40,7 +40,8 @@ import Testing
 
     /// A read (the latest unless `path` says otherwise) as a trusted proxy sends it, continuing the proxy's trace.
     static func read(
-        _ daemon: DaemonProcess, traceID: String, parentID: String, flags: String = "01", path: String = Self.latestPath,
+        _ daemon: DaemonProcess, traceID: String, parentID: String, flags: String = "01",
+        path: String = Self.latestPath,
         userID: Int64 = Self.userID
     ) async throws -> TestClient.Response {
         var headers = TestTokens.bearer(TestTokens.user(userID))
@@ -132,7 +133,8 @@ import Testing
             let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_on")
             let traceID = Self.randomHex(bytes: 16)
             let query = try await Self.blockedReadQuery(
-                database, daemon: daemon, traceID: traceID, flags: "01", path: Self.historyPath, table: "profile_metrics",
+                database, daemon: daemon, traceID: traceID, flags: "01", path: Self.historyPath,
+                table: "profile_metrics",
                 marker: "metrics_acknowledgements")
             #expect(query.hasPrefix("/*traceparent='00-\(traceID)-"), "pg_stat_activity.query: \(query)")
             #expect(query.contains("-01'*/ "))
@@ -200,7 +202,8 @@ import Testing
         // The user's row first (computed on request when the daily unit has not written it yet).
         _ = try await daemon.request(Self.latestPath, headers: TestTokens.bearer(TestTokens.user(Self.userID)))
         let lock = Task {
-            try await database.execute("BEGIN; LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT")
+            try await database.execute(
+                "BEGIN; LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT")
         }
         try await Task.sleep(for: .milliseconds(300))
         let read = Task {

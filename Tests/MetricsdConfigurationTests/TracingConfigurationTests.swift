@@ -60,37 +60,63 @@ import Testing
     @Test func httpsEndpointAndItsCAFile() async throws {
         let https = ["OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example"]
         let system = try #require(try Self.configuration(https).tracing)
-        #expect(system.endpoint == TracingSettings.Endpoint(host: "collector.example", port: 443, path: "/v1/traces", usesTLS: true))
+        #expect(
+            system.endpoint
+                == TracingSettings.Endpoint(host: "collector.example", port: 443, path: "/v1/traces", usesTLS: true))
         #expect(system.endpoint.description == "https://collector.example:443/v1/traces")
         #expect(system.trustRoots == nil)
 
         let ca = try await TestCertificate.make("otlp-ca")
-        let own = try #require(try Self.configuration(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": ca.certificate]) { $1 }).tracing)
+        let own = try #require(
+            try Self.configuration(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": ca.certificate]) { $1 }).tracing)
         #expect(own.trustRoots?.path == ca.certificate && own.trustRoots?.count == 1)
         let traces = try #require(
             try Self.configuration(
                 https.merging([
-                    "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": ca.certificate,
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem",
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": ca.certificate,
                 ]) { $1 }
             ).tracing)
         #expect(traces.trustRoots?.path == ca.certificate)
-        let missing = try #require(Self.message(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"]) { $1 }))
+        let missing = try #require(
+            Self.message(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"]) { $1 }))
         #expect(missing.hasPrefix("OTEL_EXPORTER_OTLP_CERTIFICATE: cannot read /nonexistent/ca.pem"), "\(missing)")
         let key = try #require(Self.message(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": ca.key]) { $1 }))
         #expect(key.hasPrefix("OTEL_EXPORTER_OTLP_CERTIFICATE: \(ca.key)") && key.contains("PEM"), "\(key)")
         let plain = try #require(
             Self.message(["OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_CERTIFICATE": ca.certificate]))
-        #expect(plain.contains("OTEL_EXPORTER_OTLP_CERTIFICATE is set but traces go to http://localhost:4318/v1/traces, which is not https"), "\(plain)")
+        #expect(
+            plain.contains(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE is set but traces go to http://localhost:4318/v1/traces, which is not https"
+            ), "\(plain)")
     }
 
     @Test(arguments: [
         (["OTEL_TRACES_EXPORTER": "jaeger"], "OTEL_TRACES_EXPORTER='jaeger' is not valid: expected otlp or none"),
-        (["OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"], "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported: metricsd sends traces as OTLP over HTTP with JSON only; set http/json"),
-        (["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"], "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/protobuf' is not supported"),
-        (["OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://collector:4317"], "OTEL_EXPORTER_OTLP_ENDPOINT='grpc://collector:4317' is not valid: expected an http:// or https:// URL"),
-        (["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:99999/v1/traces"], "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='http://collector:99999/v1/traces' is not valid"),
-        (["OTEL_TRACES_SAMPLER": "probabilistic"], "OTEL_TRACES_SAMPLER='probabilistic' is not valid: expected one of parentbased_traceidratio, traceidratio, always_on"),
-        (["OTEL_TRACES_SAMPLER_ARG": "1.5"], "OTEL_TRACES_SAMPLER_ARG='1.5' is not valid: expected a sampling ratio from 0 to 1"),
+        (
+            ["OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"],
+            "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported: metricsd sends traces as OTLP over HTTP with JSON only; set http/json"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"],
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/protobuf' is not supported"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://collector:4317"],
+            "OTEL_EXPORTER_OTLP_ENDPOINT='grpc://collector:4317' is not valid: expected an http:// or https:// URL"
+        ),
+        (
+            ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:99999/v1/traces"],
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='http://collector:99999/v1/traces' is not valid"
+        ),
+        (
+            ["OTEL_TRACES_SAMPLER": "probabilistic"],
+            "OTEL_TRACES_SAMPLER='probabilistic' is not valid: expected one of parentbased_traceidratio, traceidratio, always_on"
+        ),
+        (
+            ["OTEL_TRACES_SAMPLER_ARG": "1.5"],
+            "OTEL_TRACES_SAMPLER_ARG='1.5' is not valid: expected a sampling ratio from 0 to 1"
+        ),
         (["OTEL_TRACES_SAMPLER_ARG": "ten"], "OTEL_TRACES_SAMPLER_ARG='ten' is not valid"),
     ])
     func badValuesAreNamed(variables: [String: String], expected: String) throws {

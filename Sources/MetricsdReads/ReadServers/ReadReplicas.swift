@@ -244,7 +244,8 @@ public final class ReadReplicas: Sendable {
             var serverDeadline = ContinuousClock.now + .nanoseconds(Int64(self.readDeadlineSeconds * 1e9))
             if let deadline { serverDeadline = min(serverDeadline, deadline) }
             do {
-                found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) { connection in
+                found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) {
+                    connection in
                     if let trace { connection.trace = trace }
                     return try PostgresStore.readLatest(userIDs: userIDs, on: connection)
                 }
@@ -266,7 +267,8 @@ public final class ReadReplicas: Sendable {
             }
         }
         guard !remaining.isEmpty else { return found }
-        let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) { [remaining] connection in
+        let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) {
+            [remaining] connection in
             if let trace { connection.trace = trace }
             return try PostgresStore.readLatest(userIDs: remaining, on: connection)
         }
