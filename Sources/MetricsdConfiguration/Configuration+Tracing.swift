@@ -31,8 +31,39 @@ extension Configuration {
             preconditionFailure("a sampler name from Sampler.names with a ratio from 0 to 1 makes a sampler")
         }
         let serviceName = reader["OTEL_SERVICE_NAME"] ?? "metricsd"
+        let trustRoots = try self.traceTrustRoots(reader, endpoint: endpoint)
         guard exporter else { return nil }
-        return TracingSettings(endpoint: endpoint, sampler: sampler, serviceName: serviceName)
+        return TracingSettings(endpoint: endpoint, sampler: sampler, serviceName: serviceName, trustRoots: trustRoots)
+    }
+
+    /// The CA file of an `https://` endpoint: `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`, else
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`; nil (the system's trust roots) when neither is set. A file that cannot be
+    /// read or holds no certificate is refused, and so is one given for an `http://` endpoint (it would not be used:
+    /// the spans would go out in the clear while the setting says otherwise).
+    private static func traceTrustRoots(
+        _ reader: EnvironmentReader, endpoint: TracingSettings.Endpoint
+    ) throws(ConfigurationError) -> TrustRoots? {
+        let names = ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"]
+        guard let name = names.first(where: { reader[$0] != nil }), let path = reader[name] else { return nil }
+        guard endpoint.usesTLS else {
+            throw ConfigurationError(
+                .invalidValue,
+                "\(name) is set but traces go to \(endpoint), which is not https: use an https:// endpoint, or unset \(name)"
+            )
+        }
+        let pem: String
+        do {
+            pem = try Secrets.readText(path)
+        } catch {
+            throw ConfigurationError(error.kind, "\(name): \(error.message)")
+        }
+        do {
+            return try TrustRoots(path: path, pem: pem)
+        } catch {
+            throw ConfigurationError(
+                .invalidValue,
+                "\(name): \(error.message); give the PEM file of the CA that signed the collector's certificate")
+        }
     }
 
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is (`/` when it has no path), else `OTEL_EXPORTER_OTLP_ENDPOINT`
@@ -40,8 +71,7 @@ extension Configuration {
     private static func traceEndpoint(_ reader: EnvironmentReader) throws(ConfigurationError)
         -> TracingSettings.Endpoint
     {
-        let expected =
-            "an http:// URL, e.g. http://127.0.0.1:4318 (https is not supported: send to a collector on this host or network)"
+        let expected = "an http:// or https:// URL, e.g. http://127.0.0.1:4318"
         if let text = reader["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] {
             guard let url = TracingSettings.Endpoint.parse(text) else {
                 throw ConfigurationError(
@@ -49,7 +79,7 @@ extension Configuration {
                     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=\(EnvironmentReader.shown(text)) is not valid: expected \(expected)"
                 )
             }
-            return TracingSettings.Endpoint(host: url.host, port: url.port, path: url.path ?? "/")
+            return TracingSettings.Endpoint(host: url.host, port: url.port, path: url.path ?? "/", usesTLS: url.usesTLS)
         }
         let text = reader["OTEL_EXPORTER_OTLP_ENDPOINT"] ?? Self.defaultTraceEndpoint
         guard let url = TracingSettings.Endpoint.parse(text) else {
@@ -59,6 +89,6 @@ extension Configuration {
         }
         var base = url.path ?? ""
         while base.hasSuffix("/") { base.removeLast() }
-        return TracingSettings.Endpoint(host: url.host, port: url.port, path: base + "/v1/traces")
+        return TracingSettings.Endpoint(host: url.host, port: url.port, path: base + "/v1/traces", usesTLS: url.usesTLS)
     }
 }

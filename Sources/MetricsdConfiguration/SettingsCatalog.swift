@@ -325,15 +325,22 @@ public enum SettingsCatalog {
 
         Setting(
             "OTEL_TRACES_EXPORTER", .tracing, .choice(["otlp", "none"]), default: "none",
-            "otlp sends traces to an OpenTelemetry collector's OTLP/HTTP receiver as JSON: a span for each HTTP request (continuing a traceparent only from METRICSD_TRUSTED_PROXIES), its wait for a database connection or a read batch, each PostgreSQL statement (a sampled one carries its traceparent as a comment in its text, seen in pg_stat_activity and the server's log), and each daily-unit and recompute-all chunk. Spans never carry parameter values. none (the default) makes no spans at all."
+            "otlp sends traces to an OpenTelemetry collector's OTLP/HTTP receiver as JSON: a span for each HTTP request (continuing a traceparent only from METRICSD_TRUSTED_PROXIES), its wait for a database connection or a read batch, each PostgreSQL statement (a sampled one serving one request or chunk carries its traceparent as a comment in its text, seen in pg_stat_activity and the server's log; the batched latest read never does), and each daily-unit and recompute-all chunk. Spans never carry parameter values. none (the default) makes no spans at all."
         ),
         Setting(
             "OTEL_EXPORTER_OTLP_ENDPOINT", .tracing, .text, default: "http://localhost:4318",
-            "The collector's OTLP/HTTP base URL; traces go to its path /v1/traces. http:// only: run a collector on the host or its network (it forwards over TLS)."
+            "The collector's OTLP/HTTP base URL; traces go to its path /v1/traces. http:// or https:// (TLS 1.2 or later; the collector's certificate is verified against the system's trust roots, or OTEL_EXPORTER_OTLP_CERTIFICATE, and must name the URL's host)."
         ),
         Setting(
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", .tracing, .text, unset: "the endpoint's /v1/traces",
             "The full URL traces are sent to, used as it is (instead of OTEL_EXPORTER_OTLP_ENDPOINT)."),
+        Setting(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE", .tracing, .file, unset: "the system's trust roots",
+            "PEM file of the certificate authorities an https:// endpoint's certificate must chain to (a private CA), instead of the system's. Read at start: a file that cannot be read or holds no certificate is refused, as is one set for an http:// endpoint."
+        ),
+        Setting(
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", .tracing, .file, unset: "the general one",
+            "The same for traces alone: wins over OTEL_EXPORTER_OTLP_CERTIFICATE, the general one."),
         Setting(
             "OTEL_EXPORTER_OTLP_PROTOCOL", .tracing, .choice(["http/json"]), default: "http/json",
             "Only http/json is supported (grpc and http/protobuf are refused at start and by check-config)."

@@ -166,7 +166,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         -> PostgresResult
     {
         try self.traced(name) { (comment) throws(PostgresError) in
-            // A sampled statement's text differs from every other's: sent unnamed, the prepared one stays as it is.
+            // A statement with the comment has a text unlike every other's: sent unnamed, the prepared one stays
+            // as it is. (The batched latest read never gets one: ``StatementTrace/Comment/never``.)
             guard self.usesNamedStatements, comment == nil else {
                 return try self.unnamed(comment.map { $0 + sql } ?? sql, parameters)
             }
@@ -194,8 +195,9 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     }
 
     /// Runs one statement in its span (a client span, child of ``trace``'s parent) when there is a trace: `run`
-    /// gets the sqlcommenter comment to put before the statement's text when the span is sampled (nil otherwise,
-    /// and always without a trace: the text is then exactly the caller's). The span never carries parameter
+    /// gets the sqlcommenter comment to put before the statement's text when the span is sampled and the trace
+    /// wants it (``StatementTrace/Comment``; nil otherwise, and always without a trace: the text is then exactly
+    /// the caller's). The span never carries parameter
     /// values: only the statement's summary, the database, and the SQLSTATE of a failure.
     private func traced<T>(
         _ name: @autoclosure () -> String, _ run: (String?) throws(PostgresError) -> T
@@ -210,7 +212,8 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
         span.set("db.namespace", .string(self.databaseName))
         span.set("db.query.summary", .string(summary))
         do {
-            return try run(span.sampledTraceParent.map { "/*traceparent='\($0)'*/ " })
+            let comment = trace.comment == .whenSampled ? span.sampledTraceParent : nil
+            return try run(comment.map { "/*traceparent='\($0)'*/ " })
         } catch {
             if let sqlState = error.sqlState { span.set("db.response.status_code", .string(sqlState)) }
             span.set("error.type", .string(error.sqlState ?? error.code.description))
@@ -422,15 +425,27 @@ public final class PostgresConnection: @unchecked Sendable {  // exclusive use i
     }
 }
 
-/// Where a connection's statements belong in a trace: the parent of their spans, and the spans they are linked to
-/// (the requests a batched read serves).
+/// Where a connection's statements belong in a trace: the parent of their spans, the spans they are linked to
+/// (the requests a batched read serves), and whether a sampled statement's text names its trace.
 public struct StatementTrace: Sendable {
+    /// Whether a sampled statement carries the sqlcommenter comment (`/*traceparent='…'*/`) before its text.
+    public enum Comment: Sendable, Equatable {
+        /// A sampled statement's text starts with the comment (so `pg_stat_activity` and the server's log name its
+        /// trace); a prepared statement is then sent unnamed, parsed and planned again, since its text differs.
+        case whenSampled
+        /// Never: the statement keeps its exact text and its prepared statement. The trace is carried by the
+        /// statement's span alone.
+        case never
+    }
+
     public var parent: ServiceContext
     public var links: [ServiceContext]
+    public var comment: Comment
 
-    public init(parent: ServiceContext, links: [ServiceContext] = []) {
+    public init(parent: ServiceContext, links: [ServiceContext] = [], comment: Comment = .whenSampled) {
         self.parent = parent
         self.links = links
+        self.comment = comment
     }
 
     /// A statement's `db.query.summary` when it has no name: its first keyword (`SELECT`, `BEGIN`), never more of

@@ -115,13 +115,20 @@ package final class LatestMetricsBatcher: Service, Sendable {
 
     /// Where a batch's statement belongs in the trace: a child of the first sampled request's span (else the
     /// first traced one), linked to every other traced request's span; ends their waits. Nil: none is traced.
+    ///
+    /// A batch's statement never carries the sqlcommenter comment, sampled or not, on the primary and on a read
+    /// server alike: it serves every request of the batch, and a comment would make its text unique, so it would
+    /// be sent unnamed and parsed and planned again — for every request in the batch, whenever any one of them is
+    /// sampled (with a dozen requests a batch at 1 % sampling, one batch in ten or more). The trace is whole
+    /// without it: the statement's span is a child of one request's span and linked to the others'.
     private static func statementTrace(_ waiters: [Waiter]) -> StatementTrace? {
         let traced = waiters.compactMap(\.trace)
         guard !traced.isEmpty else { return nil }
         for trace in traced { trace.wait.end() }
         let parent = traced.firstIndex { Traces.isSampled($0.request) } ?? 0
         return StatementTrace(
-            parent: traced[parent].request, links: traced.indices.filter { $0 != parent }.map { traced[$0].request })
+            parent: traced[parent].request, links: traced.indices.filter { $0 != parent }.map { traced[$0].request },
+            comment: .never)
     }
 
     private enum Enqueued {
@@ -198,9 +205,11 @@ package final class LatestMetricsBatcher: Service, Sendable {
         }
         let unique = Array(Set(waiters.map(\.userID)))
         do {
-            // The read server's pool continues the first request's trace (links need the primary's path).
-            let found = try await ServiceContext.$current.withValue(Self.statementTrace(waiters)?.parent) {
-                try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters))
+            let trace = Self.statementTrace(waiters)
+            // The wait for a connection belongs to the statement's parent request; the statement, wherever it
+            // runs, is linked to the others as on the primary.
+            let found = try await ServiceContext.$current.withValue(trace?.parent) {
+                try await replicas.read(userIDs: unique, deadline: self.deadline(of: waiters), trace: trace)
             }
             for waiter in waiters { Self.answer(waiter, .success(found[waiter.userID])) }
         } catch {

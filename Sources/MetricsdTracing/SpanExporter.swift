@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import ServiceLifecycle
 import Synchronization
 
@@ -49,7 +50,8 @@ final class SpanQueue: Sendable {
 /// the Debian package makes from scratch — and a clean build of a package that depends on it took nearly twice as
 /// long as one of only the packages metricsd already builds (the Operations article, "Tracing", has the
 /// measurement), in a test command already close to its time budget. JSON over one NIO HTTP/1.1 connection per
-/// export is all a collector needs.
+/// export (TLS through swift-nio-ssl, which the listeners use anyway, for an `https://` endpoint) is all a
+/// collector needs.
 public final class SpanExporter: Service, Sendable {
     static let batchSize = 512
     /// A failed export is logged at most this often (with how many failed since the last line).
@@ -60,12 +62,16 @@ public final class SpanExporter: Service, Sendable {
     private let logger: Logger
     private let dropped: Counter
     private let failures = Mutex<(count: Int, lastLogged: ContinuousClock.Instant?)>((0, nil))
+    /// An `https://` endpoint's TLS context, made once (it loads the trust roots): nil for `http://`. A context
+    /// that cannot be made fails every export (logged and counted as any failed export), never the daemon.
+    private let tls: Result<NIOSSLContext, any Error>?
 
     init(settings: TracingSettings, queue: SpanQueue, dropped: Counter, logger: Logger) {
         self.settings = settings
         self.queue = queue
         self.dropped = dropped
         self.logger = logger
+        self.tls = settings.endpoint.usesTLS ? Result { try settings.makeTLSContext() } : nil
     }
 
     public func run() async throws {
@@ -112,8 +118,9 @@ public final class SpanExporter: Service, Sendable {
     /// One POST, answered 2xx within 10 s, or an error.
     private func post(_ body: ByteBuffer) async throws {
         let endpoint = self.settings.endpoint
+        let tls = try self.tls?.get()
         try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await Self.send(body, to: endpoint) }
+            group.addTask { try await Self.send(body, to: endpoint, tls: tls) }
             group.addTask {
                 try await Task.sleep(for: .seconds(10))
                 throw ExportError("no answer within 10 s")
@@ -123,11 +130,19 @@ public final class SpanExporter: Service, Sendable {
         }
     }
 
-    private static func send(_ body: ByteBuffer, to endpoint: TracingSettings.Endpoint) async throws {
+    private static func send(_ body: ByteBuffer, to endpoint: TracingSettings.Endpoint, tls: NIOSSLContext?)
+        async throws
+    {
+        // SNI takes a host name only; an IP address is verified against the certificate's IP addresses without it.
+        let serverName = (try? SocketAddress(ipAddress: endpoint.host, port: 0)) == nil ? endpoint.host : nil
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(5))
             .connect(host: endpoint.host, port: endpoint.port) { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(
+                            NIOSSLClientHandler(context: tls, serverHostname: serverName))
+                    }
                     try channel.pipeline.syncOperations.addHTTPClientHandlers()
                     return try NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart>(
                         wrappingChannelSynchronously: channel)

@@ -1,34 +1,39 @@
 /// What tracing is configured with (the `OTEL_*` variables, read by the configuration loader).
 public struct TracingSettings: Sendable, Equatable {
-    /// Where finished spans go: an OTLP/HTTP receiver's traces URL (`http://host:port/v1/traces`).
+    /// Where finished spans go: an OTLP/HTTP receiver's traces URL (`http://host:port/v1/traces`, or `https://`).
     public struct Endpoint: Sendable, Equatable, CustomStringConvertible {
         public let host: String
         public let port: Int
         /// The request path, `/v1/traces` unless the traces endpoint names another.
         public let path: String
+        /// An `https://` endpoint: each export goes over TLS, the receiver's certificate verified.
+        public let usesTLS: Bool
 
-        public init(host: String, port: Int, path: String) {
+        public init(host: String, port: Int, path: String, usesTLS: Bool = false) {
             self.host = host
             self.port = port
             self.path = path
+            self.usesTLS = usesTLS
         }
 
         public var description: String {
             let shownHost = self.host.contains(":") ? "[\(self.host)]" : self.host
-            return "http://\(shownHost):\(self.port)\(self.path)"
+            return "\(self.usesTLS ? "https" : "http")://\(shownHost):\(self.port)\(self.path)"
         }
 
-        /// An `http://` URL: its host, port (default 80) and path (nil: none given). Nil for anything else.
-        public static func parse(_ url: String) -> (host: String, port: Int, path: String?)? {
-            guard url.lowercased().hasPrefix("http://") else { return nil }
-            let rest = url.dropFirst("http://".count)
+        /// An `http://` or `https://` URL: its host, port (default 80, or 443), path (nil: none given) and whether
+        /// it is https. Nil for anything else.
+        public static func parse(_ url: String) -> (host: String, port: Int, path: String?, usesTLS: Bool)? {
+            let usesTLS = url.lowercased().hasPrefix("https://")
+            guard usesTLS || url.lowercased().hasPrefix("http://") else { return nil }
+            let rest = url.dropFirst(usesTLS ? "https://".count : "http://".count)
             let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
             let path = rest.dropFirst(authority.count)
             guard !authority.isEmpty, !authority.contains("@"), !path.contains("?"), !path.contains("#") else {
                 return nil
             }
             var host = Substring(authority)
-            var port = 80
+            var port = usesTLS ? 443 : 80
             if authority.hasPrefix("[") {
                 guard let close = authority.firstIndex(of: "]") else { return nil }
                 host = authority[authority.index(after: authority.startIndex)..<close]
@@ -43,7 +48,7 @@ public struct TracingSettings: Sendable, Equatable {
                 port = number
             }
             guard !host.isEmpty, (1...65_535).contains(port) else { return nil }
-            return (String(host), port, path.isEmpty ? nil : String(path))
+            return (String(host), port, path.isEmpty ? nil : String(path), usesTLS)
         }
     }
 
@@ -53,12 +58,19 @@ public struct TracingSettings: Sendable, Equatable {
     public let serviceName: String
     /// Finished spans waiting for export at most; beyond it a span is dropped (and counted), never waited for.
     public let queueCapacity: Int
+    /// The certificate authorities an `https://` endpoint's certificate must chain to
+    /// (`OTEL_EXPORTER_OTLP_CERTIFICATE`); nil: the system's trust roots.
+    public let trustRoots: TrustRoots?
 
-    public init(endpoint: Endpoint, sampler: Sampler, serviceName: String, queueCapacity: Int = 4096) {
+    public init(
+        endpoint: Endpoint, sampler: Sampler, serviceName: String, queueCapacity: Int = 4096,
+        trustRoots: TrustRoots? = nil
+    ) {
         self.endpoint = endpoint
         self.sampler = sampler
         self.serviceName = serviceName
         self.queueCapacity = queueCapacity
+        self.trustRoots = trustRoots
     }
 }
 

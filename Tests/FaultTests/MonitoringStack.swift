@@ -44,6 +44,9 @@ struct MonitoringStack {
                     "METRICSD_TLS": "internal", "METRICSD_TLS_CERTIFICATE_FILE": certificate.certificate,
                     "METRICSD_TLS_KEY_FILE": certificate.key, "METRICSD_READ_DATABASE_URL": set.readURL,
                     "METRICSD_READ_MAX_LAG_SECONDS": "1", "METRICSD_RETENTION_DAYS": "3650",
+                    // Tracing on, so that its families are on /metrics; no trace is sampled, so nothing is sent.
+                    "OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_off",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:\(DaemonProcess.freePort())",
                 ])
             return try await Self.withPrometheus(rules: rules, internalPort: internalPort, certificate: certificate) {
                 prometheus, started in

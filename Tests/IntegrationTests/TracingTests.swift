@@ -13,7 +13,7 @@ import Testing
     /// A receiver and a traced daemon, ready: tracing to the receiver with `sampler`, every zone's daily time past,
     /// 127.0.0.1 a trusted proxy unless `trustProxy` is false.
     static func start(
-        _ database: TestDatabase, sampler: String, trustProxy: Bool = true
+        _ database: TestDatabase, sampler: String, trustProxy: Bool = true, more: [String: String] = [:]
     ) async throws -> (receiver: OTLPReceiver, daemon: DaemonProcess) {
         let receiver = try OTLPReceiver()
         try await receiver.waitUntilReady()
@@ -23,6 +23,7 @@ import Testing
             "OTEL_SERVICE_NAME": "metricsd-test", "METRICSD_DAILY_AT": "00:00", "METRICSD_WORKERS": "1",
         ]
         if trustProxy { extra["METRICSD_TRUSTED_PROXIES"] = "127.0.0.1" }
+        extra.merge(more) { $1 }
         let port = DaemonProcess.freePort()
         let daemon = try DaemonProcess(
             environment: DaemonProcess.environment(databaseURL: database.url, port: port, extra: extra), port: port)
@@ -34,14 +35,19 @@ import Testing
         (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
     }
 
-    /// A latest read as a trusted proxy sends it, continuing the proxy's sampled trace.
-    static func read(_ daemon: DaemonProcess, traceID: String, parentID: String, flags: String = "01") async throws
-        -> TestClient.Response
-    {
-        var headers = TestTokens.bearer(TestTokens.user(Self.userID))
+    static let latestPath = "/v1/profile/metrics/today"
+    static let historyPath = "/v1/profile/metrics/history"
+
+    /// A read (the latest unless `path` says otherwise) as a trusted proxy sends it, continuing the proxy's trace.
+    static func read(
+        _ daemon: DaemonProcess, traceID: String, parentID: String, flags: String = "01",
+        path: String = Self.latestPath,
+        userID: Int64 = Self.userID
+    ) async throws -> TestClient.Response {
+        var headers = TestTokens.bearer(TestTokens.user(userID))
         headers[HTTPField.Name("traceparent")!] = "00-\(traceID)-\(parentID)-\(flags)"
         headers[HTTPField.Name("tracestate")!] = "proxy=1"
-        return try await daemon.request("/v1/profile/metrics/today", headers: headers)
+        return try await daemon.request(path, headers: headers)
     }
 
     /// The daily unit's chunk span and its statements; then a read: its server span continues the proxy's trace
@@ -118,14 +124,18 @@ import Testing
         }
     }
 
-    /// A sampled read blocked in PostgreSQL (the test holds a lock on the table it reads) shows its trace in
-    /// `pg_stat_activity.query`: the statement's text starts with the sqlcommenter comment naming the trace.
+    /// A sampled read of one request blocked in PostgreSQL (the history read; the test holds a lock on the table it
+    /// reads) shows its trace in `pg_stat_activity.query`: the statement's text starts with the sqlcommenter
+    /// comment naming the trace.
     @Test func sampledStatementNamesItsTraceInPgStatActivity() async throws {
         try await withTestDatabase { database in
             try await database.seed([SeedUser.valid(Self.userID)])
             let (receiver, daemon) = try await Self.start(database, sampler: "parentbased_always_on")
             let traceID = Self.randomHex(bytes: 16)
-            let query = try await Self.blockedReadQuery(database, daemon: daemon, traceID: traceID, flags: "01")
+            let query = try await Self.blockedReadQuery(
+                database, daemon: daemon, traceID: traceID, flags: "01", path: Self.historyPath,
+                table: "profile_metrics",
+                marker: "metrics_acknowledgements")
             #expect(query.hasPrefix("/*traceparent='00-\(traceID)-"), "pg_stat_activity.query: \(query)")
             #expect(query.contains("-01'*/ "))
             daemon.signal(SIGTERM)
@@ -182,28 +192,29 @@ import Testing
         #expect(check.stderr.contains("http/json"), "\(check.stderr)")
     }
 
-    /// Holds an exclusive lock on `profile_metrics_latest` for three seconds while a read with a trusted
-    /// `traceparent` waits for it, and returns the read's statement text as `pg_stat_activity` shows it.
+    /// Holds an exclusive lock on `table` for three seconds while a read of `path` with a trusted `traceparent`
+    /// waits for it, and returns the read's statement text (the one waiting that contains `marker`) as
+    /// `pg_stat_activity` shows it.
     static func blockedReadQuery(
-        _ database: TestDatabase, daemon: DaemonProcess, traceID: String, flags: String
+        _ database: TestDatabase, daemon: DaemonProcess, traceID: String, flags: String, path: String = Self.latestPath,
+        table: String = "profile_metrics_latest", marker: String = "profile_metrics_latest"
     ) async throws -> String {
         // The user's row first (computed on request when the daily unit has not written it yet).
-        _ = try await daemon.request(
-            "/v1/profile/metrics/today", headers: TestTokens.bearer(TestTokens.user(Self.userID)))
+        _ = try await daemon.request(Self.latestPath, headers: TestTokens.bearer(TestTokens.user(Self.userID)))
         let lock = Task {
             try await database.execute(
-                "BEGIN; LOCK TABLE profile_metrics_latest IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT")
+                "BEGIN; LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT")
         }
         try await Task.sleep(for: .milliseconds(300))
         let read = Task {
-            try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8), flags: flags)
+            try await Self.read(daemon, traceID: traceID, parentID: Self.randomHex(bytes: 8), flags: flags, path: path)
         }
         var query: String?
         _ = await DaemonProcess.eventually(timeout: .seconds(3)) {
             query = try? await database.value(
                 """
                 SELECT query FROM pg_stat_activity
-                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%profile_metrics_latest%'
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%\(marker)%'
                 """)
             return query != nil
         }

@@ -1,4 +1,5 @@
 import MetricsdConfiguration
+import MetricsdTestSupport
 import MetricsdTracing
 import Testing
 
@@ -54,6 +55,42 @@ import Testing
         #expect(exact.sampler == Sampler(root: .ratio(1), followsParent: false))
     }
 
+    /// An https endpoint (default port 443), verified against the system's roots unless a CA file is given; the
+    /// traces' own CA file wins over the general one.
+    @Test func httpsEndpointAndItsCAFile() async throws {
+        let https = ["OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example"]
+        let system = try #require(try Self.configuration(https).tracing)
+        #expect(
+            system.endpoint
+                == TracingSettings.Endpoint(host: "collector.example", port: 443, path: "/v1/traces", usesTLS: true))
+        #expect(system.endpoint.description == "https://collector.example:443/v1/traces")
+        #expect(system.trustRoots == nil)
+
+        let ca = try await TestCertificate.make("otlp-ca")
+        let own = try #require(
+            try Self.configuration(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": ca.certificate]) { $1 }).tracing)
+        #expect(own.trustRoots?.path == ca.certificate && own.trustRoots?.count == 1)
+        let traces = try #require(
+            try Self.configuration(
+                https.merging([
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem",
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": ca.certificate,
+                ]) { $1 }
+            ).tracing)
+        #expect(traces.trustRoots?.path == ca.certificate)
+        let missing = try #require(
+            Self.message(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"]) { $1 }))
+        #expect(missing.hasPrefix("OTEL_EXPORTER_OTLP_CERTIFICATE: cannot read /nonexistent/ca.pem"), "\(missing)")
+        let key = try #require(Self.message(https.merging(["OTEL_EXPORTER_OTLP_CERTIFICATE": ca.key]) { $1 }))
+        #expect(key.hasPrefix("OTEL_EXPORTER_OTLP_CERTIFICATE: \(ca.key)") && key.contains("PEM"), "\(key)")
+        let plain = try #require(
+            Self.message(["OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_CERTIFICATE": ca.certificate]))
+        #expect(
+            plain.contains(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE is set but traces go to http://localhost:4318/v1/traces, which is not https"
+            ), "\(plain)")
+    }
+
     @Test(arguments: [
         (["OTEL_TRACES_EXPORTER": "jaeger"], "OTEL_TRACES_EXPORTER='jaeger' is not valid: expected otlp or none"),
         (
@@ -65,8 +102,8 @@ import Testing
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/protobuf' is not supported"
         ),
         (
-            ["OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318"],
-            "OTEL_EXPORTER_OTLP_ENDPOINT='https://collector:4318' is not valid: expected an http:// URL"
+            ["OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://collector:4317"],
+            "OTEL_EXPORTER_OTLP_ENDPOINT='grpc://collector:4317' is not valid: expected an http:// or https:// URL"
         ),
         (
             ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:99999/v1/traces"],

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-/// An OTLP/HTTP JSON trace receiver of the test's own: a small Python server that parses every request into
+/// An OTLP/HTTP JSON trace receiver of the test's own (on HTTP or HTTPS): a small Python server that parses every request into
 /// opentelemetry-proto's `ExportTraceServiceRequest` (`google.protobuf.json_format.Parse`, after turning OTLP's hex
 /// ids into the base64 of protobuf's JSON mapping, as a collector does), answers 400 to anything that does not
 /// parse, and records each span it received. Needs python3 with `opentelemetry-proto`: a receiver that cannot
@@ -31,15 +31,21 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
     package let port: Int
     private let process: Process
     private let directory: String
+    /// Whether it speaks TLS (``init(certificate:)``).
+    private let usesTLS: Bool
 
-    package init() throws {
+    /// A receiver on plain HTTP, or on HTTPS with `certificate` (Python's `ssl`, TLS 1.2 or later).
+    package init(certificate: TestCertificate? = nil) throws {
         self.port = DaemonProcess.freePort()
+        self.usesTLS = certificate != nil
         self.directory = NSTemporaryDirectory() + "metricsd-otlp-\(getpid())-\(self.port)"
         try FileManager.default.createDirectory(atPath: self.directory, withIntermediateDirectories: true)
         try Self.script.write(toFile: self.directory + "/receiver.py", atomically: true, encoding: .utf8)
         self.process = Process()
         self.process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        self.process.arguments = ["python3", self.directory + "/receiver.py", String(self.port), self.directory]
+        self.process.arguments =
+            ["python3", self.directory + "/receiver.py", String(self.port), self.directory]
+            + (certificate.map { [$0.certificate, $0.key] } ?? [])
         // Its output to a file: a child that outlived the test must not hold the test runner's output open.
         _ = FileManager.default.createFile(atPath: self.directory + "/output.txt", contents: nil)
         let output = try FileHandle(forWritingTo: URL(fileURLWithPath: self.directory + "/output.txt"))
@@ -56,7 +62,13 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
     }
 
     /// The endpoint for `OTEL_EXPORTER_OTLP_ENDPOINT`.
-    package var endpoint: String { "http://127.0.0.1:\(self.port)" }
+    package var endpoint: String { "\(self.usesTLS ? "https" : "http")://127.0.0.1:\(self.port)" }
+
+    /// TLS handshakes that failed (the client refused the certificate, or spoke plain HTTP), with the reason.
+    package var failedHandshakes: [String] {
+        ((try? String(contentsOfFile: self.directory + "/handshakes.txt", encoding: .utf8)) ?? "")
+            .split(separator: "\n").map(String.init)
+    }
 
     /// Waits until the receiver listens (it writes `ready`), failing after 15 s.
     package func waitUntilReady() async throws {
@@ -188,7 +200,22 @@ package final class OTLPReceiver: @unchecked Sendable {  // the Process is only 
                 self.end_headers()
                 self.wfile.write(b"{}")
 
-        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            def get_request(self):
+                # With TLS the handshake runs here: a client that refuses it is recorded, and the server goes on.
+                try:
+                    return super().get_request()
+                except OSError as error:
+                    append("handshakes.txt", repr(error).replace("\n", " "))
+                    raise
+
+        server = Server(("127.0.0.1", port), Handler)
+        if len(sys.argv) > 4:
+            import ssl
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(sys.argv[3], sys.argv[4])
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         open(os.path.join(directory, "ready"), "w").close()
         server.serve_forever()
         """#

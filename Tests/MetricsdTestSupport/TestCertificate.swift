@@ -30,8 +30,10 @@ package struct TestCertificate: Sendable {
     /// - Parameters:
     ///   - validFrom: its notBefore; an hour ago by default.
     ///   - until: its notAfter; 60 days from now by default.
+    ///   - names: its subjectAltName; localhost and 127.0.0.1 by default.
     package static func make(
-        _ name: String, key: Key = .ec("P-256"), validFrom: Int? = nil, until: Int? = nil
+        _ name: String, key: Key = .ec("P-256"), validFrom: Int? = nil, until: Int? = nil,
+        names: String = "DNS:localhost,IP:127.0.0.1"
     ) async throws -> TestCertificate {
         try #require(
             FileManager.default.isExecutableFile(atPath: Self.openssl), "\(Self.openssl) is missing: install openssl")
@@ -52,7 +54,7 @@ package struct TestCertificate: Sendable {
         let request = try await Subprocess.capture(
             Self.openssl,
             ["req", "-new", "-nodes"] + keyOption + [
-                "-subj", "/CN=\(name)", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", paths.key,
+                "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(names)", "-keyout", paths.key,
                 "-out", paths.request,
             ])
         try #require(request.status == 0, "openssl req: \(request.stderr)")

@@ -233,8 +233,11 @@ public final class ReadReplicas: Sendable {
 
     /// The latest metrics of `userIDs` (those who have any): on a usable read server, the users it lacks and every
     /// user of a failed read on the primary. The read server gets at most ``readDeadlineSeconds`` (and never past
-    /// `deadline`, the caller's bound), the primary what is left until `deadline`.
-    func read(userIDs: [Int64], deadline: ContinuousClock.Instant? = nil) async throws -> [Int64: LatestMetrics] {
+    /// `deadline`, the caller's bound), the primary what is left until `deadline`. Its statements, on either, belong
+    /// to `trace` when given (else to the task's trace, as any pooled call's).
+    func read(
+        userIDs: [Int64], deadline: ContinuousClock.Instant? = nil, trace: StatementTrace? = nil
+    ) async throws -> [Int64: LatestMetrics] {
         var found: [Int64: LatestMetrics] = [:]
         var remaining = userIDs
         if let server = self.choose() {
@@ -243,7 +246,8 @@ public final class ReadReplicas: Sendable {
             do {
                 found = try await server.pool.withConnection(retryOnConnectionLoss: true, deadline: serverDeadline) {
                     connection in
-                    try PostgresStore.readLatest(userIDs: userIDs, on: connection)
+                    if let trace { connection.trace = trace }
+                    return try PostgresStore.readLatest(userIDs: userIDs, on: connection)
                 }
                 server.state.withLock {
                     $0.inFlight -= 1
@@ -265,7 +269,8 @@ public final class ReadReplicas: Sendable {
         guard !remaining.isEmpty else { return found }
         let more = try await self.primary.withConnection(retryOnConnectionLoss: true, deadline: deadline) {
             [remaining] connection in
-            try PostgresStore.readLatest(userIDs: remaining, on: connection)
+            if let trace { connection.trace = trace }
+            return try PostgresStore.readLatest(userIDs: remaining, on: connection)
         }
         self.primaryReads.add(remaining.count, ordering: .relaxed)
         self.primaryReadsCounter.increment(by: Int64(remaining.count))
