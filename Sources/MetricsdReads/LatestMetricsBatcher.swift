@@ -11,7 +11,7 @@ import Tracing
 /// Under load, requests for different users arrive faster than one statement per request can be sent. A batch of
 /// k users costs PostgreSQL one round trip, one executor start-up and k probes of `profile_metrics_latest`'s primary
 /// key instead of k of each, and costs metricsd one hop to a pool thread instead of k. With little load every
-/// batch holds one user, run by the request itself: the latency of a single statement, and no extra task.
+/// batch holds one user: the latency of a single statement, plus the wake-up of a sleeping runner.
 ///
 /// At most `maxRunners` batches run at once (the rest of the pool stays free for acknowledgements, on-demand
 /// computation and the scheduler); a request that finds every runner busy waits for the next batch.
