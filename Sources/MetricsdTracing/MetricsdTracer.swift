@@ -40,7 +40,7 @@ public final class MetricsdTracer: Tracer, Sendable {
         if let parentTrace, !parentTrace.flags.contains(.sampled) { return nil }  // the same id decides the same
         var ids = FastIDs()
         let traceID = parentTrace?.traceID ?? TraceID.random(using: &ids)
-        guard self.sampler.samples(traceID: Self.bytes(traceID), parentSampled: parentTrace.map { _ in true }) else {
+        guard self.sampler.samples(traceIDLow: Self.low(traceID), parentSampled: parentTrace.map { _ in true }) else {
             return nil
         }
         return self.span(
@@ -56,7 +56,7 @@ public final class MetricsdTracer: Tracer, Sendable {
         var ids = FastIDs()
         let traceID = parentTrace?.traceID ?? TraceID.random(using: &ids)
         let sampled = self.sampler.samples(
-            traceID: Self.bytes(traceID), parentSampled: parentTrace.map { $0.flags.contains(.sampled) })
+            traceIDLow: Self.low(traceID), parentSampled: parentTrace.map { $0.flags.contains(.sampled) })
         return self.span(
             name, parent: parent, traceID: traceID, sampled: sampled, kind: kind, links: links, start: start)
     }
@@ -78,8 +78,13 @@ public final class MetricsdTracer: Tracer, Sendable {
             links: links.compactMap { $0[TraceContextKey.self] }, start: start, queue: sampled ? self.queue : nil)
     }
 
-    static func bytes(_ id: TraceID) -> [UInt8] {
-        withUnsafeBytes(of: id.bytes) { Array($0) }
+    /// The trace id's last 8 bytes as a big-endian number (the sampler's input).
+    static func low(_ id: TraceID) -> UInt64 {
+        withUnsafeBytes(of: id.bytes) { raw in
+            var low: UInt64 = 0
+            for byte in raw.suffix(8) { low = low << 8 | UInt64(byte) }
+            return low
+        }
     }
 
     public func forceFlush() {}

@@ -121,6 +121,14 @@ public struct Sampler: Sendable, Equatable, CustomStringConvertible {
 
     /// Whether a span of trace `traceID` is recorded, given its parent's sampled flag (nil: no parent).
     public func samples(traceID: [UInt8], parentSampled: Bool?) -> Bool {
+        var low: UInt64 = 0
+        for byte in traceID.suffix(8) { low = low << 8 | UInt64(byte) }
+        return self.samples(traceIDLow: low, parentSampled: parentSampled)
+    }
+
+    /// The same decision from the trace id's last 8 bytes (random in W3C trace ids) as a big-endian number: what
+    /// the ratio is compared with. Every request asks this while tracing is on, sampled or not: no allocation.
+    public func samples(traceIDLow low: UInt64, parentSampled: Bool?) -> Bool {
         if self.followsParent, let parentSampled { return parentSampled }
         switch self.root {
         case .alwaysOn: return true
@@ -128,10 +136,7 @@ public struct Sampler: Sendable, Equatable, CustomStringConvertible {
         case .ratio(let ratio):
             if ratio >= 1 { return true }
             if ratio <= 0 { return false }
-            // The trace id's last 8 bytes (random in W3C trace ids) against the ratio of their range.
-            var value: UInt64 = 0
-            for byte in traceID.suffix(8) { value = value << 8 | UInt64(byte) }
-            return value < UInt64(ratio * 18_446_744_073_709_551_615.0)
+            return low < UInt64(ratio * 18_446_744_073_709_551_615.0)
         }
     }
 

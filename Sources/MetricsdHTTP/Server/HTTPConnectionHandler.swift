@@ -40,6 +40,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let scheme: String
     /// The connection's remote address, described once.
     private var peer: TrustedProxies.Peer?
+    /// What every request span of the connection says of it, found once (while tracing is on): whether the peer
+    /// is a trusted proxy, and the listener's address and port.
+    private var traceSide: (trusted: Bool, address: String?, port: Int?)?
     private var machine: ConnectionStateMachine
     /// Replies are written one at a time: a reply that becomes ready while another one's end is being written
     /// (NIO's pipeline handler delivers the next pipelined request from inside that write, and an immediate
@@ -173,14 +176,23 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// `traceparent` is ignored unless the peer is a trusted proxy: anyone could otherwise choose to be sampled, and
     /// make every statement of their requests unique), the scheme and the listener's port.
     private func traceInput(of head: HTTPRequestHead, context: ChannelHandlerContext) -> RequestTraceInput {
+        let side = self.traceSide ?? self.describeTraceSide(context)
+        return RequestTraceInput(
+            traceParent: side.trusted ? head.headers.first(name: "traceparent") : nil,
+            traceState: side.trusted ? Self.joined(head.headers["tracestate"]) : nil,
+            scheme: self.scheme, host: head.headers.first(name: "host"), localAddress: side.address,
+            localPort: side.port)
+    }
+
+    private func describeTraceSide(_ context: ChannelHandlerContext) -> (trusted: Bool, address: String?, port: Int?) {
         let peer = self.peer ?? TrustedProxies.Peer(context.channel.remoteAddress)
         self.peer = peer
-        let trusted = peer.bytes.map { self.proxies.trusts($0) } ?? false
-        return RequestTraceInput(
-            traceParent: trusted ? head.headers.first(name: "traceparent") : nil,
-            traceState: trusted ? Self.joined(head.headers["tracestate"]) : nil,
-            scheme: self.scheme, host: head.headers.first(name: "host"),
-            localAddress: context.channel.localAddress?.ipAddress, localPort: context.channel.localAddress?.port)
+        let local = context.channel.localAddress
+        let side = (
+            trusted: peer.bytes.map { self.proxies.trusts($0) } ?? false, address: local?.ipAddress, port: local?.port
+        )
+        self.traceSide = side
+        return side
     }
 
     private static func joined(_ values: [String]) -> String? {
