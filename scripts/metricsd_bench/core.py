@@ -592,6 +592,10 @@ end
             f.write(f"daemon off;\nworker_processes 2;\npid {prefix}/nginx.pid;\nerror_log {prefix}/logs/error.log;\n"
                     f"events {{ worker_connections 1024; }}\n"
                     f"http {{ access_log off; include {prefix}/metricsd-site.conf; }}\n")
+        return self.run_nginx(prefix, conf, port), port
+
+    def run_nginx(self, prefix, conf, port):
+        """nginx in the foreground with `conf`, once it accepts connections on `port` (10 s at most)."""
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         proc = subprocess.Popen([nginx, "-p", prefix, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self.children.add(proc)
@@ -599,12 +603,22 @@ end
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return proc, port
+                return proc
             except OSError:
                 if proc.poll() is not None:
                     die(f"nginx exited with {proc.returncode}; see {prefix}/logs/error.log")
                 time.sleep(0.1)
         die("nginx did not listen within 10 s")
+
+    def logged_wrk(self, cmd):
+        """Runs wrk (`cmd`), appends its output to wrk.log and returns its parsed figures (dies when it cannot)."""
+        p = run(cmd)
+        with open(os.path.join(LOG_DIR, "wrk.log"), "a") as f:
+            f.write(p.stdout + p.stderr)
+        result = self.parse_wrk(p.stdout)
+        if result["rps"] is None or not result["requests"]:
+            die(f"cannot read wrk's output: {p.stdout[-800:]}")
+        return result
 
     def tls(self):
         say(f"step tls: the latest read over plain HTTP, metricsd's TLS, and nginx's TLS in front "

@@ -2,9 +2,7 @@
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
@@ -31,20 +29,7 @@ class FloorStep:
                     f"error_log {prefix}/logs/error.log;\nevents {{ worker_connections 1024; }}\n"
                     f"http {{ access_log off; keepalive_requests 1000000; server {{ listen 127.0.0.1:{port}; "
                     f"location = /body.json {{ default_type application/json; root {prefix}; }} }} }}\n")
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        proc = subprocess.Popen([nginx, "-p", prefix, "-c", conf], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT)
-        self.children.add(proc)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return proc, port
-            except OSError:
-                if proc.poll() is not None:
-                    die(f"nginx exited with {proc.returncode}; see {prefix}/logs/error.log")
-                time.sleep(0.1)
-        die("nginx did not listen in time")
+        return self.run_nginx(prefix, conf, port), port
 
     def stop_process(self, proc):
         proc.terminate()
@@ -109,14 +94,9 @@ class FloorStep:
         run(wrk + ["-d3s", url], log=os.path.join(LOG_DIR, "wrk.log"))  # warm-up
         counting = self.perf_instructions(pids, self.args.duration) if self.floor_counts[0] else None
         c0 = sum(process_cpu_s(p) or 0 for p in pids), cluster_jiffies(self.cluster.postmaster_pid())
-        p = run(wrk + [f"-d{self.args.duration}s", url])
+        result = self.logged_wrk(wrk + [f"-d{self.args.duration}s", url])
         c1 = sum(process_cpu_s(p) or 0 for p in pids), cluster_jiffies(self.cluster.postmaster_pid())
         instructions = counting() if counting else None
-        with open(os.path.join(LOG_DIR, "wrk.log"), "a") as f:
-            f.write(p.stdout + p.stderr)
-        result = self.parse_wrk(p.stdout)
-        if result["rps"] is None or not result["requests"]:
-            die(f"cannot read wrk's output: {p.stdout[-800:]}")
         if result["non2xx"] or result["socket_errors"]:
             die(f"{url}: {result['non2xx']} non-2xx/3xx answers and {result['socket_errors']} socket errors")
         n = result["requests"]

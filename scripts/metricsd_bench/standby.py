@@ -50,15 +50,10 @@ class StandbyStep:
                     time.sleep(11)
                     scans0 = {k: self.read_index_scans(psql) for k, (_, psql) in servers.items()}
                     cpu0 = {k: cluster_jiffies(pid()) for k, (pid, _) in servers.items()}
-                    p = run(wrk + [f"-d{self.args.duration}s", url])
+                    result = self.logged_wrk(wrk + [f"-d{self.args.duration}s", url])
                     cpu1 = {k: cluster_jiffies(pid()) for k, (pid, _) in servers.items()}
                     time.sleep(11)
                     scans1 = {k: self.read_index_scans(psql) for k, (_, psql) in servers.items()}
-                    with open(os.path.join(LOG_DIR, "wrk.log"), "a") as f:
-                        f.write(p.stdout + p.stderr)
-                    result = self.parse_wrk(p.stdout)
-                    if result["rps"] is None or not result["requests"]:
-                        die(f"cannot read wrk's output: {p.stdout[-800:]}")
                     n = result["requests"]
                     result["cpu_us_per_read"] = {k: (cpu1[k] - cpu0[k]) / CLK_TCK / n * 1e6 for k in servers}
                     result["index_scans_per_request"] = {k: (scans1[k] - scans0[k]) / n for k in servers}

@@ -60,13 +60,8 @@ class TracingStep:
             wrk = ["wrk", "-t2", "-c32", "--latency", "-s", lua]
             run(wrk + ["-d3s", url], log=os.path.join(LOG_DIR, "wrk.log"))  # warm-up
             d0, c0 = process_cpu_s(daemon.proc.pid), cluster_jiffies(self.cluster.postmaster_pid())
-            p = run(wrk + [f"-d{self.args.duration}s", url])
+            result = self.logged_wrk(wrk + [f"-d{self.args.duration}s", url])
             d1, c1 = process_cpu_s(daemon.proc.pid), cluster_jiffies(self.cluster.postmaster_pid())
-            with open(os.path.join(LOG_DIR, "wrk.log"), "a") as f:
-                f.write(p.stdout + p.stderr)
-            result = self.parse_wrk(p.stdout)
-            if result["rps"] is None or not result["requests"]:
-                die(f"cannot read wrk's output: {p.stdout[-800:]}")
             n = result["requests"]
             result["daemon_us"] = (d1 - d0) / n * 1e6
             result["database_us"] = (c1 - c0) / CLK_TCK / n * 1e6
