@@ -80,11 +80,7 @@ public final class MetricsdTracer: Tracer, Sendable {
 
     /// The trace id's last 8 bytes as a big-endian number (the sampler's input).
     static func low(_ id: TraceID) -> UInt64 {
-        withUnsafeBytes(of: id.bytes) { raw in
-            var low: UInt64 = 0
-            for byte in raw.suffix(8) { low = low << 8 | UInt64(byte) }
-            return low
-        }
+        withUnsafeBytes(of: id.bytes) { Sampler.low($0) }
     }
 
     public func forceFlush() {}

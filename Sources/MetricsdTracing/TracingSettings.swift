@@ -121,9 +121,14 @@ public struct Sampler: Sendable, Equatable, CustomStringConvertible {
 
     /// Whether a span of trace `traceID` is recorded, given its parent's sampled flag (nil: no parent).
     public func samples(traceID: [UInt8], parentSampled: Bool?) -> Bool {
+        self.samples(traceIDLow: Self.low(traceID), parentSampled: parentSampled)
+    }
+
+    /// A trace id's last 8 bytes as a big-endian number: what the ratio is compared with.
+    static func low<Bytes: BidirectionalCollection<UInt8>>(_ traceID: Bytes) -> UInt64 {
         var low: UInt64 = 0
         for byte in traceID.suffix(8) { low = low << 8 | UInt64(byte) }
-        return self.samples(traceIDLow: low, parentSampled: parentSampled)
+        return low
     }
 
     /// The same decision from the trace id's last 8 bytes (random in W3C trace ids) as a big-endian number: what
