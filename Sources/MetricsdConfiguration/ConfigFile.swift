@@ -8,8 +8,8 @@ import MetricsdHTTP
 
 /// `METRICSD_CONFIG_FILE`: optional `NAME=value` lines (the settings of `metricsd help`) that override the
 /// environment. Unlike the environment of a running process, this file is re-read on `SIGHUP`, so the settings
-/// that reload without a restart (`METRICSD_LOG_LEVEL`, `METRICSD_DAILY_AT`, `METRICSD_REQUEST_LOG`) can be
-/// changed there. Same syntax as `EnvironmentFile=` (``EnvironmentFile``).
+/// the catalogue marks reloadable (``ReloadedSettings``) can be changed there. Same syntax as `EnvironmentFile=`
+/// (``EnvironmentFile``).
 public enum ConfigFile {
     /// The environment with the file's values on top (the environment alone when the variable is unset).
     /// A leading `-` (`-/etc/metricsd/metricsd.conf`) makes the file optional, as in systemd's `EnvironmentFile=`.

@@ -214,11 +214,11 @@ public enum SettingsCatalog {
             "Which listeners speak TLS (1.2 and 1.3 only, forward-secret AEAD ciphers), with the certificate and key from the credentials tls-certificate and tls-key (/etc/credstore/metricsd-tls-certificate and metricsd-tls-key; enable their LoadCredential= lines). systemctl reload picks up a renewed certificate without dropping a connection. An expired certificate, or one whose key is RSA under 2048 bits or EC on a curve other than P-256, P-384 or P-521, is refused (at start, on reload, by check-config); one expiring within 14 days is warned about."
         ),
         Setting(
-            "METRICSD_TLS_CERTIFICATE_FILE", .http, .file, unset: "the tls-certificate credential",
+            "METRICSD_TLS_CERTIFICATE_FILE", .http, .file, unset: "the tls-certificate credential", reloadable: true,
             "PEM certificate (then its intermediates) for METRICSD_TLS. Under systemd the tls-certificate credential is used instead; by hand, /etc/credstore/metricsd-tls-certificate when readable."
         ),
         Setting(
-            "METRICSD_TLS_KEY_FILE", .http, .file, unset: "the tls-key credential",
+            "METRICSD_TLS_KEY_FILE", .http, .file, unset: "the tls-key credential", reloadable: true,
             "PEM private key of the TLS certificate. Under systemd the tls-key credential is used instead; by hand, /etc/credstore/metricsd-tls-key when readable."
         ),
         Setting(
@@ -295,32 +295,32 @@ public enum SettingsCatalog {
             "Which requests get a request log line."),
 
         Setting(
-            "METRICSD_JWT_SECRET_FILE", .tokens, .file, unset: "the jwt-secret credential",
+            "METRICSD_JWT_SECRET_FILE", .tokens, .file, unset: "the jwt-secret credential", reloadable: true,
             "File holding the HS256 secret for end-user tokens (at least 32 bytes). Under systemd the jwt-secret credential is used instead; by hand, /etc/credstore/metricsd-jwt-secret when readable."
         ),
         Setting(
-            "METRICSD_JWT_SECRET", .tokens, .secret, unset: "none",
+            "METRICSD_JWT_SECRET", .tokens, .secret, unset: "none", reloadable: true,
             "The HS256 secret itself (development only: visible in the process environment; use the credential)."),
         Setting(
-            "METRICSD_JWT_PUBLIC_KEY_FILE", .tokens, .file, unset: "none",
+            "METRICSD_JWT_PUBLIC_KEY_FILE", .tokens, .file, unset: "none", reloadable: true,
             "PEM public key (RS256/ES256/EdDSA) for end-user tokens, instead of or besides the secret. Besides it, HS256 tokens stay accepted and whoever reads the secret can mint tokens: to verify without being able to mint, configure no secret or set METRICSD_JWT_HS256=off."
         ),
         Setting(
             "METRICSD_JWT_HS256", .tokens, .choice(["on", "off"]), default: "on", reloadable: true,
             "Accept HS256 tokens signed with the JWT secret. off: the secret is not read and only the public key's algorithm is accepted (METRICSD_JWT_PUBLIC_KEY_FILE is then required)."
         ),
-        Setting("METRICSD_JWT_ISSUER", .tokens, .text, unset: "not checked", "Required iss claim."),
-        Setting("METRICSD_JWT_AUDIENCE", .tokens, .text, unset: "not checked", "Required aud claim."),
+        Setting("METRICSD_JWT_ISSUER", .tokens, .text, unset: "not checked", reloadable: true, "Required iss claim."),
+        Setting("METRICSD_JWT_AUDIENCE", .tokens, .text, unset: "not checked", reloadable: true, "Required aud claim."),
         Setting(
-            "METRICSD_JWT_LEEWAY_SECONDS", .tokens, .integer(0...300), default: "30",
+            "METRICSD_JWT_LEEWAY_SECONDS", .tokens, .integer(0...300), default: "30", reloadable: true,
             "Clock skew allowed for exp and nbf, in seconds."),
 
         Setting(
-            "METRICSD_ADMIN_TOKEN_FILE", .admin, .file, unset: "the admin-token credential",
+            "METRICSD_ADMIN_TOKEN_FILE", .admin, .file, unset: "the admin-token credential", reloadable: true,
             "File holding the admin bearer token (at least 16 characters, not a JWT, not the JWT secret). Under systemd the admin-token credential is used instead; by hand, /etc/credstore/metricsd-admin-token when readable. Without any admin token there are no admin endpoints."
         ),
         Setting(
-            "METRICSD_ADMIN_TOKEN", .admin, .secret, unset: "none",
+            "METRICSD_ADMIN_TOKEN", .admin, .secret, unset: "none", reloadable: true,
             "The admin token itself (development only: visible in the process environment; use the credential)."),
 
         Setting(

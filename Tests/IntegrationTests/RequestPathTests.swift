@@ -326,7 +326,8 @@ import Testing
 
     /// A setting taken out of the reloadable configuration file falls back on reload to what it would be without
     /// the file (the environment's value), not to the file's old value: each reload merges the file into the
-    /// environment as it was before the file, never into the one merged at start.
+    /// environment as it was before the file, never into the one merged at start. A setting only a restart applies
+    /// is named in a notice and left as it runs.
     @Test func aSettingTakenOutOfTheFileFallsBackOnReload() async throws {
         try await withTestDatabase { database in
             let file = try scratchFile("metricsd.conf", "METRICSD_DAILY_AT=03:30\n")
@@ -338,14 +339,21 @@ import Testing
                 daemon.log.contains("metricsd.daily_at=04:45")
             }
             #expect(first, "the file's new value was not reloaded:\n\(daemon.log.suffix(2000))")
-            try "# METRICSD_DAILY_AT taken out\n".write(toFile: file, atomically: true, encoding: .utf8)
+            #expect(!daemon.log.contains("at the next restart"), "\(daemon.log.suffix(2000))")
+            // A setting only a restart applies is named, not taken; the reloadable one beside it is taken.
+            try "# METRICSD_DAILY_AT taken out\nMETRICSD_CHUNK_SIZE=1234\n".write(
+                toFile: file, atomically: true, encoding: .utf8)
             daemon.signal(SIGHUP)
             let second = await DaemonProcess.eventually(timeout: .seconds(20)) {
                 daemon.log.split(separator: "\n").filter { $0.contains("Reloaded") }.count >= 2
+                    && daemon.log.contains("at the next restart")
             }
             #expect(second, "no second reload:\n\(daemon.log.suffix(2000))")
             let last = daemon.log.split(separator: "\n").last { $0.contains("Reloaded") }.map(String.init) ?? ""
             #expect(last.contains("metricsd.daily_at=01:15"), "\(last)")
+            let waiting = daemon.log.split(separator: "\n").last { $0.contains("at the next restart") }.map(String.init)
+            #expect(waiting?.contains("METRICSD_CHUNK_SIZE") == true, "\(waiting ?? "")")
+            #expect(waiting?.contains("1234") == false, "a value in the notice: \(waiting ?? "")")
             await daemon.stop()
         }
     }

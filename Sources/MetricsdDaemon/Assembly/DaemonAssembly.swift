@@ -106,7 +106,8 @@ struct DaemonAssembly {
             dependencies, endpoints: internalSockets.isEmpty ? .api : .public, tls: tls, status: parts.status,
             identity: parts.identity)
         let reload = Reload(
-            base: self.reloadBase, levelBox: self.levelBox, dailyAt: parts.dailyAt, credentials: parts.credentials,
+            base: self.reloadBase, running: ReadMostly(self.environment), levelBox: self.levelBox,
+            dailyAt: parts.dailyAt, credentials: parts.credentials,
             requestLog: requestLog, status: parts.status, notifier: self.notifier, ready: self.ready, tls: tls,
             logger: self.logger)
 

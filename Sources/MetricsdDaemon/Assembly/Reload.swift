@@ -6,13 +6,19 @@ import MetricsdReads
 import MetricsdSystemd
 import MetricsdWork
 
-/// `systemctl reload` (SIGHUP): re-reads what can change without a restart — log level, request log, daily time
-/// (from `METRICSD_CONFIG_FILE`), the secret files (JWT secret or public key, admin token) and the TLS certificate
-/// and key (new connections get them; open ones keep theirs). Everything else needs a restart. A reload that fails keeps the previous settings and says why in `STATUS=`. Before the daemon
-/// is ready there is nothing to reload into: the signal is logged and ignored (no `RELOADING=1`, whose `READY=1`
-/// would tell systemd the start-up had finished).
+/// `systemctl reload` (SIGHUP): re-reads `METRICSD_CONFIG_FILE` and takes the settings the catalogue marks
+/// reloadable (``ReloadedSettings``) — log level, request log, daily time, the token and admin-token settings
+/// with the secrets' files, and the TLS certificate and key (new connections get them; open ones keep theirs).
+/// A change to any other setting is named in a notice as waiting for a restart. The whole file is checked as a
+/// restart would read it: a value that would fail the next start fails the reload, which keeps the previous
+/// settings and says why in `STATUS=`. Before the daemon is ready there is nothing to reload into: the signal is
+/// logged and ignored (no `RELOADING=1`, whose `READY=1` would tell systemd the start-up had finished).
 struct Reload: Sendable {
+    /// The environment before `METRICSD_CONFIG_FILE` is merged in: a setting taken out of the file falls back to
+    /// it.
     let base: [String: String]
+    /// The environment the running configuration was read from.
+    let running: ReadMostly<[String: String]>
     let levelBox: LogLevelBox
     let dailyAt: ReadMostly<DailyTime>
     let credentials: CredentialBox
@@ -31,7 +37,10 @@ struct Reload: Sendable {
         }
         self.notifier.reloading()
         do {
-            let environment = try ConfigFile.merge(into: self.base)
+            let current = try ConfigFile.merge(into: self.base)
+            _ = try Configuration(environment: current)
+            let reloaded = ReloadedSettings(current: current, running: self.running.value)
+            let environment = reloaded.environment
             let configuration = try Configuration(environment: environment)
             let tokens = try TokenVerifier(configuration.tokens)
             if let identity = self.tls {
@@ -44,6 +53,7 @@ struct Reload: Sendable {
                     throw error.from(source)
                 }
             }
+            self.running.value = environment
             self.levelBox.level = configuration.logLevel
             self.dailyAt.value = configuration.dailyAt
             self.requestLog.mode = configuration.requestLog
@@ -56,6 +66,11 @@ struct Reload: Sendable {
                     "metricsd.request_log": "\(configuration.requestLog.rawValue)",
                     "metricsd.jwt.algorithms": "\(tokens.acceptedAlgorithms.joined(separator: ","))",
                 ])
+            if !reloaded.waitingForRestart.isEmpty {
+                self.logger.notice(
+                    "Reload: changed settings that take effect at the next restart",
+                    metadata: ["metricsd.settings": "\(reloaded.waitingForRestart.joined(separator: ","))"])
+            }
             self.notifier.ready(status: self.status.line)
         } catch {
             self.logger.error("Reload failed; keeping the previous settings", metadata: .errorFields(error))
