@@ -95,7 +95,9 @@ final class APIDispatcher: Sendable {
             finish(.error(AppError.unavailable(.busy, "server busy, retry shortly")), route: "shed", userID: nil)
             return
         }
-        var userID: Int64?
+        var request = EndpointRequest(
+            head: head, body: body, parameter: parameter, ifNoneMatch: fields.ifNoneMatch, requestID: requestID,
+            eventLoop: connection.eventLoop, logger: self.logger)
         do throws(AppError) {
             switch endpoint.access {
             case .open: break
@@ -103,12 +105,10 @@ final class APIDispatcher: Sendable {
                 let token = try bearerToken(fields.authorization)
                 let tokens = self.credentials.current.tokens
                 guard tokens.checksQuickly(token) else {
-                    self.verifyElsewhere(
-                        token, with: tokens, endpoint: endpoint, parameter: parameter, head: head, body: body,
-                        ifNoneMatch: fields.ifNoneMatch, requestID: requestID, finish: finish, connection: connection)
+                    self.verifyElsewhere(token, with: tokens, endpoint, request, finish: finish, connection: connection)
                     return
                 }
-                userID = try self.verifiedUser(token, with: tokens, requestID: requestID)
+                request.userID = try self.verifiedUser(token, with: tokens, requestID: requestID)
             case .admin:
                 let token = try bearerToken(fields.authorization)
                 guard let check = self.credentials.current.admin, check.matches(token) else {
@@ -121,24 +121,15 @@ final class APIDispatcher: Sendable {
             finish(.error(error), route: endpoint.route, userID: nil)
             return
         }
-        self.run(
-            endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: fields.ifNoneMatch,
-            requestID: requestID,
-            userID: userID, finish: finish, connection: connection)
+        self.run(endpoint, request, finish: finish, connection: connection)
     }
 
     /// The endpoint's handler, once the request passed routing, the in-flight limit and authentication; on the
     /// connection's event loop.
-    private func run(
-        _ endpoint: Endpoint, parameter: Substring?, head: HTTPRequestHead, body: ByteBuffer, ifNoneMatch: [String]?,
-        requestID: String, userID user: Int64?, finish: Finish, connection: ConnectionContext
-    ) {
-        let request = EndpointRequest(
-            head: head, body: body, parameter: parameter, requestID: requestID, userID: user,
-            eventLoop: connection.eventLoop, logger: self.logger)
+    private func run(_ endpoint: Endpoint, _ request: EndpointRequest, finish: Finish, connection: ConnectionContext) {
         let done = Done(
             dispatcher: self, finish: NIOLoopBound(finish, eventLoop: connection.eventLoop), route: endpoint.route,
-            request: request, caching: endpoint.caching, ifNoneMatch: ifNoneMatch, trace: finish.span?.context)
+            request: request, caching: endpoint.caching, trace: finish.span?.context)
         // Traced, the handler runs with the request's span as the current context (bound on this thread for the
         // callback handlers, which start their work here; ``later(_:done:connection:)`` binds it in the task, also
         // when a callback hands its rest over from another thread).
@@ -155,14 +146,6 @@ final class APIDispatcher: Sendable {
         let requestID = request.requestID
         let user = request.userID
         switch endpoint.handler {
-        case .immediate(let handle):
-            let reply: Reply
-            do {
-                reply = try handle(request)
-            } catch {
-                reply = self.errorReply(error, requestID: requestID, userID: user)
-            }
-            done(reply)
         case .callback(let handle):
             handle(request) { answer in
                 switch answer {
@@ -180,21 +163,20 @@ final class APIDispatcher: Sendable {
     /// hundreds of microseconds, an HS256 MAC about one) is checked in the connection's task; the request then
     /// goes on from the event loop as any other (scripts/bench, step eventloop).
     private func verifyElsewhere(
-        _ token: Substring, with tokens: TokenVerifier, endpoint: Endpoint, parameter: Substring?,
-        head: HTTPRequestHead,
-        body: ByteBuffer, ifNoneMatch: [String]?, requestID: String, finish: Finish, connection: ConnectionContext
+        _ token: Substring, with tokens: TokenVerifier, _ endpoint: Endpoint, _ request: EndpointRequest,
+        finish: Finish, connection: ConnectionContext
     ) {
         let bound = NIOLoopBound(finish, eventLoop: connection.eventLoop)
         let accepted = connection.worker.submit {
             let verified = Result { () throws(AppError) -> Int64 in
-                try self.verifiedUser(token, with: tokens, requestID: requestID)
+                try self.verifiedUser(token, with: tokens, requestID: request.requestID)
             }
             connection.eventLoop.execute {
                 switch verified {
                 case .success(let userID):
-                    self.run(
-                        endpoint, parameter: parameter, head: head, body: body, ifNoneMatch: ifNoneMatch,
-                        requestID: requestID, userID: userID, finish: bound.value, connection: connection)
+                    var request = request
+                    request.userID = userID
+                    self.run(endpoint, request, finish: bound.value, connection: connection)
                 case .failure(let error):
                     self.inFlight.leave()
                     bound.value(.error(error), route: endpoint.route, userID: nil)
@@ -263,7 +245,6 @@ final class APIDispatcher: Sendable {
         let route: String
         let request: EndpointRequest
         let caching: CachePolicy
-        let ifNoneMatch: [String]?
         /// The request's span context while tracing is on (for the rest of the work, wherever it runs).
         let trace: ServiceContext?
 
@@ -273,13 +254,13 @@ final class APIDispatcher: Sendable {
                 self.dispatcher.inFlight.leave()
                 self.finish.value(
                     reply, route: self.route, userID: self.request.userID, caching: self.caching,
-                    ifNoneMatch: self.ifNoneMatch)
+                    ifNoneMatch: self.request.ifNoneMatch)
             } else {
                 eventLoop.execute {
                     self.dispatcher.inFlight.leave()
                     self.finish.value(
                         reply, route: self.route, userID: self.request.userID, caching: self.caching,
-                        ifNoneMatch: self.ifNoneMatch)
+                        ifNoneMatch: self.request.ifNoneMatch)
                 }
             }
         }

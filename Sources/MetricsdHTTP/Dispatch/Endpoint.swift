@@ -20,16 +20,30 @@ package struct Endpoint: Sendable {
         case admin
     }
 
-    /// How a handler answers. All three end the same way (``APIDispatcher`` writes the reply on the connection's
-    /// event loop); they differ only in where the work runs.
+    /// How a handler answers: both end the same way (``APIDispatcher`` writes the reply on the connection's event
+    /// loop); they differ only in where the work runs.
     package enum Handler: Sendable {
-        /// Answers at once, on the event loop (must not block, and should take microseconds).
-        case immediate(@Sendable (EndpointRequest) throws -> Reply)
-        /// Starts work elsewhere and answers exactly once, from any thread (the batched latest-metrics read);
-        /// ``Answer/later(_:)`` hands the rest to the connection's task.
-        case callback(@Sendable (EndpointRequest, @escaping @Sendable (Answer) -> Void) -> Void)
-        /// Runs in the connection's own task (database writes, admin operations, rendering `/metrics`).
+        /// Runs in the connection's own task (``ConnectionWorker``): the default, for everything that waits or
+        /// takes longer than a few microseconds (database writes, history and export, admin operations, `/readyz`,
+        /// rendering `/metrics`).
         case async(@Sendable (EndpointRequest) async throws -> Reply)
+        /// Starts on the event loop and answers exactly once, from any thread, with no task: only for the answers
+        /// whose cost per request the bench shows — the batched latest read (its read runs elsewhere and answers
+        /// from there) and the fixed answers (``immediate(_:)``). ``Answer/later(_:)`` hands the rest of the work
+        /// to the connection's task when it turns out to need one.
+        case callback(@Sendable (EndpointRequest, @escaping @Sendable (Answer) -> Void) -> Void)
+
+        /// A callback that answers at once on the event loop (it must not block, and should take microseconds):
+        /// `/healthz`, the API document.
+        package static func immediate(_ answer: @escaping @Sendable (EndpointRequest) throws -> Reply) -> Handler {
+            .callback { request, done in
+                do {
+                    done(.reply(try answer(request)))
+                } catch {
+                    done(.failure(error))
+                }
+            }
+        }
     }
 
     /// How a callback handler answers.
@@ -67,23 +81,25 @@ package struct EndpointRequest: Sendable {
     package let body: ByteBuffer
     /// The value of the template's `{name}` segment, when it has one.
     package let parameter: Substring?
+    /// The request's `If-None-Match` tags, for its endpoint's ``CachePolicy``.
+    let ifNoneMatch: [String]?
     /// The correlation id (`X-Request-Id`), in the reply and in every log line about the request.
     let requestID: String
-    /// The authenticated user (`Endpoint.Access.user` only).
-    let userID: Int64?
+    /// The authenticated user (`Endpoint.Access.user` only), set by the dispatcher once the token is verified.
+    var userID: Int64? = nil
     /// The connection's event loop: a callback handler may hop there before building its body.
     package let eventLoop: any EventLoop
     private let baseLogger: Logger
 
     init(
-        head: HTTPRequestHead, body: ByteBuffer, parameter: Substring?, requestID: String, userID: Int64?,
+        head: HTTPRequestHead, body: ByteBuffer, parameter: Substring?, ifNoneMatch: [String]?, requestID: String,
         eventLoop: any EventLoop, logger: Logger
     ) {
         self.head = head
         self.body = body
         self.parameter = parameter
+        self.ifNoneMatch = ifNoneMatch
         self.requestID = requestID
-        self.userID = userID
         self.eventLoop = eventLoop
         self.baseLogger = logger
     }
