@@ -64,8 +64,8 @@ public struct OperatorSession: Sendable {
         let settings: ConnectionSettings
         let notifySettings: ConnectionSettings?
         do {
-            settings = try configuration.connectionSettings(environment: environment)
-            notifySettings = try configuration.notifySettings(environment: environment)
+            settings = try configuration.database.primary(environment: environment)
+            notifySettings = try configuration.database.notify(environment: environment)
         } catch {
             throw Failure("configuration error: \(error)", code: error.errorCode)
         }

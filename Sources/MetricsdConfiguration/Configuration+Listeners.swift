@@ -1,7 +1,51 @@
 import MetricsdHTTP
 
-extension Configuration {
-    /// `METRICSD_LISTEN` must be `host:port`: clients, the health check and `check-config` reach it over TCP.
+/// The listeners as the settings give them (the sockets systemd passes, where it passes them, take the listen
+/// settings' place): read once, for `serve` (``Configuration``) and for `check-config`, which probes them even
+/// when another part of the configuration is wrong.
+public struct ListenerSettings: Sendable {
+    /// `METRICSD_LISTEN`, default `127.0.0.1:8080`: `host:port` (clients, the health check and `check-config`
+    /// reach it over TCP).
+    public var listen: ListenAddress
+    /// `METRICSD_INTERNAL_LISTEN` (former name `METRICSD_METRICS_LISTEN`): the internal listener, for `/metrics`,
+    /// the admin API and the health checks; nil serves everything on the public listener.
+    public var internalListen: ListenAddress?
+    /// The setting that named the internal listener: its name, or its former name (warned about).
+    public var internalSetting: String
+    /// `METRICSD_TLS`: which listeners speak TLS (the certificate and key are ``TLSSettings``).
+    public var tlsOnPublic: Bool
+    public var tlsOnInternal: Bool
+    /// `METRICSD_TRUSTED_PROXIES` with `METRICSD_FORWARDED_HEADER` (default `x-forwarded-for`).
+    public var trustedProxies: TrustedProxies
+
+    public static let internalName = "METRICSD_INTERNAL_LISTEN"
+    public static let formerInternalName = "METRICSD_METRICS_LISTEN"
+
+    public init(environment: [String: String]) throws(ConfigurationError) {
+        try self.init(EnvironmentReader(environment))
+    }
+
+    init(_ reader: EnvironmentReader) throws(ConfigurationError) {
+        self.listen = try Self.publicListener(reader)
+        (self.internalListen, self.internalSetting) = try Self.internalListener(reader)
+        let mode = try reader.parse("METRICSD_TLS", default: "off", expected: "off, public, internal or both") { text in
+            ["off", "public", "internal", "both"].contains(text.lowercased()) ? text.lowercased() : nil
+        }
+        (self.tlsOnPublic, self.tlsOnInternal) = (
+            mode == "public" || mode == "both", mode == "internal" || mode == "both"
+        )
+        self.trustedProxies = try reader.parse(
+            "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(),
+            expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
+        ) { TrustedProxies(parsing: $0) }
+        self.trustedProxies.header = try reader.parse(
+            "METRICSD_FORWARDED_HEADER", expected: "x-forwarded-for or forwarded"
+        ) {
+            ForwardedHeader(rawValue: $0.lowercased())
+        }
+    }
+
+    /// `METRICSD_LISTEN` must be `host:port`.
     static func publicListener(_ reader: EnvironmentReader) throws(ConfigurationError) -> ListenAddress {
         let expected = "host:port, e.g. \(SettingsCatalog.defaultListen)"
         let address = try reader.parse("METRICSD_LISTEN", expected: expected) { ListenAddress(parsing: $0) }
@@ -9,13 +53,11 @@ extension Configuration {
         throw ConfigurationError(.invalidValue, "METRICSD_LISTEN='unix:\(path)' is not valid: expected \(expected)")
     }
 
-    /// `METRICSD_INTERNAL_LISTEN`, or its former name `METRICSD_METRICS_LISTEN` (not both).
-    static func internalListener(_ reader: EnvironmentReader) throws(ConfigurationError) -> ListenAddress? {
+    /// `METRICSD_INTERNAL_LISTEN`, or its former name `METRICSD_METRICS_LISTEN` (not both), and which one.
+    static func internalListener(_ reader: EnvironmentReader) throws(ConfigurationError) -> (ListenAddress?, String) {
         let expected = "host:port or unix:/absolute/path, e.g. 127.0.0.1:9464 or unix:/run/metricsd/internal.sock"
-        let current = try reader.parseOptional("METRICSD_INTERNAL_LISTEN", expected: expected) {
-            ListenAddress(parsing: $0)
-        }
-        let former = try reader.parseOptional("METRICSD_METRICS_LISTEN", expected: expected) {
+        let current = try reader.parseOptional(Self.internalName, expected: expected) { ListenAddress(parsing: $0) }
+        let former = try reader.parseOptional(Self.formerInternalName, expected: expected) {
             ListenAddress(parsing: $0)
         }
         if current != nil && former != nil {
@@ -24,7 +66,7 @@ extension Configuration {
                 "METRICSD_METRICS_LISTEN is the former name of METRICSD_INTERNAL_LISTEN: set only METRICSD_INTERNAL_LISTEN"
             )
         }
-        return current ?? former
+        return former != nil ? (former, Self.formerInternalName) : (current, Self.internalName)
     }
 }
 
@@ -66,17 +108,15 @@ public struct TLSSettings: Sendable {
 }
 
 extension Configuration {
+    /// The certificate and key, when `METRICSD_TLS` (``ListenerSettings``) names a listener; nil: plain HTTP.
     static func tlsSettings(
-        _ reader: EnvironmentReader, environment: [String: String]
+        _ listeners: ListenerSettings, environment: [String: String]
     ) throws(ConfigurationError) -> TLSSettings? {
-        let mode = try reader.parse("METRICSD_TLS", default: "off", expected: "off, public, internal or both") { text in
-            ["off", "public", "internal", "both"].contains(text.lowercased()) ? text.lowercased() : nil
-        }
-        guard mode != "off" else { return nil }
+        guard listeners.tlsOnPublic || listeners.tlsOnInternal else { return nil }
         let (certificate, key) = try TLSSettings.read(environment: environment)
         return TLSSettings(
-            onPublic: mode == "public" || mode == "both", onInternal: mode == "internal" || mode == "both",
-            certificate: certificate, key: key, source: TLSSettings.source(environment: environment))
+            onPublic: listeners.tlsOnPublic, onInternal: listeners.tlsOnInternal, certificate: certificate, key: key,
+            source: TLSSettings.source(environment: environment))
     }
 }
 

@@ -18,10 +18,8 @@ import NIOCore
 /// Everything `metricsd serve` is configured with, read once at start-up from the environment and systemd
 /// credentials (README, "Configuration"). Invalid values are reported as one clear `ConfigurationError`.
 public struct Configuration: Sendable {
-    /// `DATABASE_URL`: a libpq connection string or URI; empty means libpq's defaults and `PG*` variables.
-    public var databaseURL: String
-    /// `$CREDENTIALS_DIRECTORY/db-password`, else the file named by `METRICSD_DB_PASSWORD_FILE`, if any.
-    public var databasePassword: String?
+    /// The database connections (``DatabaseSettings``).
+    public var database: DatabaseSettings
     /// `METRICSD_LISTEN`, default `127.0.0.1:8080`.
     public var listen: ListenAddress
     /// `METRICSD_INTERNAL_LISTEN` (former name `METRICSD_METRICS_LISTEN`): the internal listener, for `/metrics`,
@@ -45,11 +43,6 @@ public struct Configuration: Sendable {
     public var tokens: TokenConfiguration
     /// The admin bearer token; nil serves no admin endpoint at all.
     public var adminToken: String?
-    /// `METRICSD_READ_DATABASE_URL`: streaming standbys for the latest read (one or several hosts); nil reads on
-    /// `DATABASE_URL`.
-    public var readDatabaseURL: String?
-    /// `METRICSD_READ_MAX_LAG_SECONDS`, default 5: a read server further behind the primary is not read from.
-    public var readMaxLag: Duration
     /// `METRICSD_DB_POOL_SIZE`, default 8.
     public var poolSize: Int
     /// `METRICSD_READ_BATCHES`: latest-metrics reads run as at most this many batched statements at once
@@ -97,14 +90,6 @@ public struct Configuration: Sendable {
     /// needs the database, so more in flight only wait, and under overload (the fault-injection suite: 512
     /// connections) they waited up to 10 s instead of getting a fast 503.
     public var maxInFlight: Int
-    /// `METRICSD_DB_STATEMENT_DEADLINE_SECONDS`: how long one database statement may go without an answer before
-    /// it is cancelled and its connection dropped (default 30; migrations have no limit).
-    public var statementDeadline: Duration
-    /// `METRICSD_DB_PREPARED_STATEMENTS`: named or unnamed prepared statements, or `auto` (the default: unnamed
-    /// when a pooler answers).
-    public var statementMode: ConnectionSettings.StatementMode
-    /// `METRICSD_NOTIFY_DATABASE_URL`: where to LISTEN when `DATABASE_URL` goes through a pooler (nil: unset).
-    public var notifyDatabaseURL: String?
     /// `METRICSD_TEST_FORMULA_VERSION` (testing and rehearsals only): the formulas labelled with this version.
     public var formula: MetricsFormula
     /// Tracing (`OTEL_TRACES_EXPORTER=otlp` and the other `OTEL_*` variables); nil: off, the default.
@@ -114,23 +99,11 @@ public struct Configuration: Sendable {
     /// - Parameter environment: the process environment (tests pass their own).
     public init(environment: [String: String]) throws(ConfigurationError) {
         let reader = EnvironmentReader(environment)
-        self.databaseURL = reader["DATABASE_URL"] ?? ""
-        self.readDatabaseURL = reader["METRICSD_READ_DATABASE_URL"]
-        self.readMaxLag = try reader.duration("METRICSD_READ_MAX_LAG_SECONDS")
-        self.databasePassword = try Secrets.read(
-            credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-        self.listen = try Self.publicListener(reader)
-        self.internalListen = try Self.internalListener(reader)
-        self.trustedProxies = try reader.parse(
-            "METRICSD_TRUSTED_PROXIES", default: TrustedProxies(),
-            expected: "addresses or networks, e.g. 127.0.0.1,10.0.0.0/8"
-        ) { TrustedProxies(parsing: $0) }
-        self.trustedProxies.header = try reader.parse(
-            "METRICSD_FORWARDED_HEADER", expected: "x-forwarded-for or forwarded"
-        ) {
-            ForwardedHeader(rawValue: $0.lowercased())
-        }
-        self.tls = try Self.tlsSettings(reader, environment: environment)
+        self.database = try DatabaseSettings(reader, environment: environment)
+        let listeners = try ListenerSettings(reader)
+        (self.listen, self.internalListen) = (listeners.listen, listeners.internalListen)
+        self.trustedProxies = listeners.trustedProxies
+        self.tls = try Self.tlsSettings(listeners, environment: environment)
         self.dailyAt = try reader.parse("METRICSD_DAILY_AT", expected: "HH:MM, e.g. 00:05") {
             DailyTime(parsing: $0)
         }
@@ -153,8 +126,6 @@ public struct Configuration: Sendable {
             range: 1...self.poolSize)
         self.acquireTimeout = .milliseconds(try reader.integer("METRICSD_DB_ACQUIRE_TIMEOUT_MS"))
         self.sessionMaxAge = try reader.duration("METRICSD_DB_SESSION_MAX_AGE")
-        self.statementDeadline = try reader.duration("METRICSD_DB_STATEMENT_DEADLINE_SECONDS")
-        (self.statementMode, self.notifyDatabaseURL) = try Self.poolerSettings(reader)
         self.workers = try reader.integer("METRICSD_WORKERS")
         var work = WorkQueue.Configuration()
         work.batchSize = try reader.integer("METRICSD_BATCH_SIZE")
@@ -206,68 +177,12 @@ public struct Configuration: Sendable {
         return adminToken
     }
 
-    /// `METRICSD_DB_PREPARED_STATEMENTS` and `METRICSD_NOTIFY_DATABASE_URL`.
-    private static func poolerSettings(_ reader: EnvironmentReader) throws(ConfigurationError)
-        -> (ConnectionSettings.StatementMode, String?)
-    {
-        let mode = try reader.parse(
-            "METRICSD_DB_PREPARED_STATEMENTS", default: .auto, expected: "auto, named or unnamed"
-        ) {
-            ConnectionSettings.StatementMode(rawValue: $0.lowercased())
-        }
-        return (mode, reader["METRICSD_NOTIFY_DATABASE_URL"])
-    }
-
-    /// The libpq connection settings (validates `DATABASE_URL` with libpq's own parser).
-    public func connectionSettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings {
-        do {
-            var settings = try ConnectionSettings(
-                conninfo: self.databaseURL, password: self.databasePassword, environment: environment)
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
-            settings.statementMode = self.statementMode
-            return settings
-        } catch {
-            throw ConfigurationError(.databaseURLInvalid, error.message)
-        }
-    }
-}
-
-extension Configuration {
-    /// The session for LISTEN (`METRICSD_NOTIFY_DATABASE_URL`), nil when unset; errors name that setting.
-    public func notifySettings(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings? {
-        guard let url = self.notifyDatabaseURL else { return nil }
-        do {
-            var settings = try ConnectionSettings(
-                conninfo: url, password: self.databasePassword, environment: environment,
-                setting: "METRICSD_NOTIFY_DATABASE_URL")
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
-            settings.statementMode = self.statementMode
-            return settings
-        } catch {
-            throw ConfigurationError(.databaseURLInvalid, error.message)
-        }
-    }
-
-    /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
-    public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer]
-    {
-        guard let url = self.readDatabaseURL else { return [] }
-        do {
-            var settings = try ConnectionSettings(
-                conninfo: url, password: self.databasePassword, environment: environment,
-                setting: "METRICSD_READ_DATABASE_URL")
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
-            return try settings.readServers()
-        } catch {
-            throw ConfigurationError(.readDatabaseURLInvalid, error.message)
-        }
-    }
-
     /// How the daemon's read servers are run: pools of `METRICSD_READ_BATCHES` connections (as many batched reads
     /// run at once), the pool's wait and session age.
     public var readReplicasConfiguration: ReadReplicas.Configuration {
         ReadReplicas.Configuration(
-            maxLag: self.readMaxLag, poolSize: self.readBatches, acquireTimeout: TimeAmount(self.acquireTimeout),
+            maxLag: self.database.readMaxLag, poolSize: self.readBatches,
+            acquireTimeout: TimeAmount(self.acquireTimeout),
             maxSessionAge: self.sessionMaxAge)
     }
 

@@ -67,7 +67,8 @@ import Testing
         let base = ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48), "METRICSD_READ_MAX_LAG_SECONDS": value]
         #expect(throws: ConfigurationError.self) { try Configuration(environment: base) }
         #expect(
-            try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).readMaxLag
+            try Configuration(environment: ["METRICSD_JWT_SECRET": String(repeating: "j", count: 48)]).database
+                .readMaxLag
                 == .seconds(5))
     }
 

@@ -106,7 +106,7 @@ import Testing
         // And what the configuration makes of it.
         let configuration = try Configuration(environment: host.environment)
         #expect(configuration.workers == 5)
-        #expect(configuration.databasePassword == "db-password")
+        #expect(configuration.database.password == "db-password")
         #expect(configuration.tokens.hmacSecret?.utf8.count == 41)
         #expect(configuration.adminToken == "exported-admin-token-0123")
     }

@@ -125,8 +125,8 @@ public enum Daemon {
         }
         let readServers: [ConnectionSettings.ReadServer]
         do {
-            readServers = try configuration.readServers(environment: environment)
-            _ = try configuration.notifySettings(environment: environment)  // refused here, used by the assembly
+            readServers = try configuration.database.readServers(environment: environment)
+            _ = try configuration.database.notify(environment: environment)  // refused here, used by the assembly
         } catch {
             throw StartupExit(
                 code: Self.fatal(
@@ -205,7 +205,7 @@ public enum Daemon {
         let connection: ConnectionSettings
         do {
             tokens = try TokenVerifier(configuration.tokens)
-            connection = try configuration.connectionSettings(environment: environment)
+            connection = try configuration.database.primary(environment: environment)
         } catch {
             throw StartupExit(
                 code: Self.fatal(
@@ -221,13 +221,13 @@ public enum Daemon {
             ? nil
             : ReadReplicas(
                 primary: pool, servers: readServers, configuration: configuration.readReplicasConfiguration,
-                statementDeadlineSeconds: configuration.statementDeadline.seconds, logger: logger)
+                statementDeadlineSeconds: configuration.database.statementDeadline.seconds, logger: logger)
         if let replicas {
             logger.info(
                 "Latest reads on read servers",
                 metadata: [
                     "metricsd.read_servers": "\(readServers.map(\.label).joined(separator: ","))",
-                    "metricsd.read_max_lag_s": "\(configuration.readMaxLag.seconds)",
+                    "metricsd.read_max_lag_s": "\(configuration.database.readMaxLag.seconds)",
                     "metricsd.read_probe_interval_s": "\(replicas.probeIntervalSeconds)",
                 ])
         }

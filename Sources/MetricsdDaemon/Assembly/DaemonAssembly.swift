@@ -112,7 +112,7 @@ struct DaemonAssembly {
             logger: self.logger)
 
         // Checked at start.
-        let notifySettings = (try? configuration.notifySettings(environment: self.environment)) ?? nil
+        let notifySettings = (try? configuration.database.notify(environment: self.environment)) ?? nil
         var services = self.lifecycleServices(reload: reload, liveness: parts.liveness)
         services += self.databaseServices(parts, notifySettings: notifySettings)
         services += self.workServices(parts, notifySettings: notifySettings, notifications: dependencies.notifications)

@@ -7,8 +7,9 @@ import NIOCore
 /// answer — over TLS on a listener `METRICSD_TLS` names.
 extension ConfigCheck {
     mutating func checkListeners(_ environment: [String: String], systemd: SystemdSockets?) async {
-        let mode = (environment["METRICSD_TLS"] ?? "").lowercased()
-        let (publicTLS, internalTLS) = (mode == "public" || mode == "both", mode == "internal" || mode == "both")
+        // The listener settings as `serve` reads them; one that is wrong was reported with the other settings.
+        guard let listeners = try? ListenerSettings(environment: environment) else { return }
+        let (publicTLS, internalTLS) = (listeners.tlsOnPublic, listeners.tlsOnInternal)
         if let unit = systemd?.publicSocket, unit.isUsed, !unit.listen.isEmpty, let systemd {
             for (text, address) in unit.addresses {
                 await self.checkSocket(
@@ -16,14 +17,11 @@ extension ConfigCheck {
                     serviceActive: systemd.serviceActive)
             }
         } else {
-            let text = environment["METRICSD_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? SettingsCatalog.defaultListen
-            if let address = ListenAddress(parsing: text) {
-                await self.checkListener("METRICSD_LISTEN", address, tls: publicTLS)
-            }
+            await self.checkListener("METRICSD_LISTEN", listeners.listen, tls: publicTLS)
         }
-        if !(environment["METRICSD_METRICS_LISTEN"] ?? "").isEmpty {
+        if listeners.internalListen != nil && listeners.internalSetting == ListenerSettings.formerInternalName {
             self.warn(
-                "METRICSD_METRICS_LISTEN",
+                ListenerSettings.formerInternalName,
                 "the former name of METRICSD_INTERNAL_LISTEN, which also serves the admin API: rename it")
         }
         var hasInternal = false
@@ -34,12 +32,9 @@ extension ConfigCheck {
                     "internal", unit: unit, text: text, address: address, tls: internalTLS,
                     serviceActive: systemd.serviceActive)
             }
-        } else {
-            for name in ["METRICSD_INTERNAL_LISTEN", "METRICSD_METRICS_LISTEN"] {
-                guard let text = environment[name], let address = ListenAddress(parsing: text) else { continue }
-                hasInternal = true
-                await self.checkListener(name, address, tls: internalTLS)
-            }
+        } else if let address = listeners.internalListen {
+            hasInternal = true
+            await self.checkListener(listeners.internalSetting, address, tls: internalTLS)
         }
         if !hasInternal {
             self.note(
@@ -50,7 +45,7 @@ extension ConfigCheck {
                 self.problem("METRICSD_TLS", Configuration.tlsWithoutInternalListener(onPublic: publicTLS))
             }
         }
-        self.checkProxies(environment)
+        self.checkProxies(listeners.trustedProxies)
     }
 
     /// A listener from the settings: binds its address (then closes it); in use, fine when a metricsd answers there.
@@ -161,13 +156,9 @@ extension ConfigCheck {
 
     /// The forwarded-address header read behind the trusted proxies, and a warning for a range that holds much of
     /// the internet.
-    mutating func checkProxies(_ environment: [String: String]) {
-        guard let text = environment["METRICSD_TRUSTED_PROXIES"], let proxies = TrustedProxies(parsing: text) else {
-            return
-        }
-        let header =
-            environment["METRICSD_FORWARDED_HEADER"].flatMap { ForwardedHeader(rawValue: $0.lowercased()) }
-            ?? .xForwardedFor
+    mutating func checkProxies(_ proxies: TrustedProxies) {
+        guard !proxies.isEmpty else { return }
+        let header = proxies.header
         self.note(
             "proxies",
             "the client address in \(header.fieldName) from \(proxies) is logged (\(header.other.fieldName) is ignored)"

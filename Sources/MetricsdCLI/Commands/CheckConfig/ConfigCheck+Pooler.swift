@@ -7,18 +7,10 @@ extension ConfigCheck {
     /// server one client released is handed to the next), and whether it carries named prepared statements across
     /// them (PgBouncer 1.21 and later with `max_prepared_statements`). A setting that cannot work through it is a
     /// problem naming what to change; polling for lack of a notification URL is a warning.
-    mutating func checkPooler(_ environment: [String: String]) async {
+    mutating func checkPooler(_ database: DatabaseSettings, environment: [String: String]) async {
         guard !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) else { return }
-        let password = try? Secrets.read(
-            credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-        guard
-            var settings = try? ConnectionSettings(
-                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
-        else { return }
-        let mode =
-            environment["METRICSD_DB_PREPARED_STATEMENTS"].flatMap {
-                ConnectionSettings.StatementMode(rawValue: $0.lowercased())
-            } ?? .auto
+        guard var settings = try? database.primary(environment: environment) else { return }
+        let mode = database.statementMode
         settings.statementMode = .named
         let probe = settings
         let result = await Task.detached { Result { () throws(PostgresError) in try Self.poolerFacts(probe) } }.value
@@ -49,7 +41,7 @@ extension ConfigCheck {
                 "options (in DATABASE_URL or PGOPTIONS) goes through a pooler, which refuses it or, with ignore_startup_parameters, drops it silently: remove it and set what it set on the role instead (ALTER ROLE … SET …)"
             )
         }
-        if (environment["METRICSD_NOTIFY_DATABASE_URL"] ?? "").isEmpty {
+        if database.notifyURL == nil {
             self.warn(
                 "METRICSD_NOTIFY_DATABASE_URL",
                 "not set while DATABASE_URL goes through a pooler: the daemon does not LISTEN and polls for settings changes every METRICSD_IDLE_POLL_SECONDS; set it to the primary itself (or HAProxy's primary port, or a session-mode pool) for changes within a second"

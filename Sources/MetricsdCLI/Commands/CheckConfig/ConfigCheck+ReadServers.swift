@@ -15,28 +15,20 @@ extension ConfigCheck {
     /// replay the primary's present WAL position — the staleness the daemon bounds with
     /// `METRICSD_READ_MAX_LAG_SECONDS`. A server that cannot be reached, follows another primary or has another
     /// schema is a problem; one that lags is a note (the daemon reads from it once it catches up).
-    mutating func checkReadServers(_ environment: [String: String]) async {
-        guard let url = environment["METRICSD_READ_DATABASE_URL"], !url.isEmpty else { return }
-        let password = try? Secrets.read(
-            credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
+    mutating func checkReadServers(_ database: DatabaseSettings, environment: [String: String]) async {
+        guard database.readURL != nil else { return }
         let servers: [ConnectionSettings.ReadServer]
         let primary: ConnectionSettings?
         do {
-            servers = try ConnectionSettings(
-                conninfo: url, password: password, environment: environment, setting: "METRICSD_READ_DATABASE_URL"
-            ).readServers()
-            primary = try? ConnectionSettings(
-                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+            servers = try database.readServers(environment: environment)
+            primary = try? database.primary(environment: environment)
         } catch {
             if !self.problems.contains(where: { $0.setting == "METRICSD_READ_DATABASE_URL" }) {
                 self.problem("METRICSD_READ_DATABASE_URL", .readDatabaseURLInvalid, error.message)
             }
             return
         }
-        let setting = SettingsCatalog.setting("METRICSD_READ_MAX_LAG_SECONDS")
-        let maxLag =
-            environment["METRICSD_READ_MAX_LAG_SECONDS"].flatMap { setting?.problem($0) == nil ? Double($0) : nil }
-            ?? setting?.defaultValue.flatMap(Double.init) ?? 5
+        let maxLag = database.readMaxLag.seconds
         // libpq blocks: as in checkDatabase, the probes run in a detached task, off the cooperative pool's threads, and
         // are awaited here at once (their results are the check's), so nothing outlives this function.
         let results = await Task.detached { servers.map { Self.probe($0, primary: primary, maxLag: maxLag) } }.value

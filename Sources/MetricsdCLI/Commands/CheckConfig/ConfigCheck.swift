@@ -68,10 +68,15 @@ public struct ConfigCheck: Sendable {
         }
         // 5. Listeners, as served: systemd's sockets or the settings, each probed (ConfigCheck+Listeners).
         await check.checkListeners(environment, systemd: systemd)
-        // 6. The database and its schema (whatever else is wrong), then the read servers against it.
-        await check.checkDatabase(environment)
-        await check.checkPooler(environment)
-        await check.checkReadServers(environment)
+        // 6. The database and its schema (whatever else is wrong), then the read servers against it: the database
+        //    settings as `serve` reads them.
+        guard let database = check.databaseSettings(environment) else {
+            check.note("database", "not checked: its settings have a problem (above)")
+            return check
+        }
+        await check.checkDatabase(database, environment: environment)
+        await check.checkPooler(database, environment: environment)
+        await check.checkReadServers(database, environment: environment)
         return check
     }
 
@@ -130,13 +135,13 @@ public struct ConfigCheck: Sendable {
     mutating func checkConfiguration(_ environment: [String: String], systemd: SystemdSockets?) {
         do {
             let configuration = try Configuration(environment: environment)
-            _ = try configuration.connectionSettings(environment: environment)
+            _ = try configuration.database.primary(environment: environment)
             if let tls = configuration.tls {
                 self.checkCertificate(tls)
             }
             let budget = DescriptorBudget(
                 configuration: configuration,
-                readServers: try configuration.readServers(environment: environment).count,
+                readServers: try configuration.database.readServers(environment: environment).count,
                 sockets: systemd?.passedSockets ?? (0, 0))
             let limit = DescriptorBudget.limit().hard
             if let problem = budget.problem(limit: limit) {
@@ -245,13 +250,22 @@ public struct ConfigCheck: Sendable {
         }
     }
 
-    mutating func checkDatabase(_ environment: [String: String]) async {
+    /// The database settings as `serve` reads them (``DatabaseSettings``), or nil with their problem reported,
+    /// unless a check above reported it.
+    mutating func databaseSettings(_ environment: [String: String]) -> DatabaseSettings? {
+        do {
+            return try DatabaseSettings(environment: environment)
+        } catch {
+            let setting = Self.settingName(in: error.message) ?? "DATABASE_URL"
+            if !self.problems.contains(where: { $0.setting == setting }) { self.problem(setting, error) }
+            return nil
+        }
+    }
+
+    mutating func checkDatabase(_ database: DatabaseSettings, environment: [String: String]) async {
         let settings: ConnectionSettings
         do {
-            let password = try? Secrets.read(
-                credential: "db-password", file: "METRICSD_DB_PASSWORD_FILE", variable: nil, environment: environment)
-            settings = try ConnectionSettings(
-                conninfo: environment["DATABASE_URL"] ?? "", password: password, environment: environment)
+            settings = try database.primary(environment: environment)
         } catch {
             if !self.problems.contains(where: { $0.setting == "DATABASE_URL" }) {
                 self.problem("DATABASE_URL", .databaseURLInvalid, error.message)
