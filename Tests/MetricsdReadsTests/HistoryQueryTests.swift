@@ -58,6 +58,29 @@ import Testing
         }
     }
 
+    /// The recent range's prepared statement: its generic plan (the one a prepared statement keeps after its first
+    /// executions, which knows neither the user nor the dates) reads the user's entries of the read index in each
+    /// month that holds rows, never the date-first key; run, it returns the user's rows of the range and no others.
+    /// (The months before the range are pruned at execution, from the lower bound; this seed keeps them all in
+    /// one partition, as an upgraded install does before its history is moved.)
+    @Test func theRecentRangesGenericPlanReadsOnlyTheUsersEntries() async throws {
+        try await withTestDatabase { database in
+            try await database.execute(Self.seed)
+            let today = try #require(try await database.value("SELECT current_date::text"))
+            let from = try #require(try await database.value("SELECT (current_date - 89)::text"))
+            let plan = try await database.plan(
+                SQL.historyRecent, parameters: ["1234", "1", from, today, "101"], generic: true, analyze: true)
+            #expect(plan.contains("_user_computed_at_idx"), "\(plan)")
+            #expect(!plan.contains("date_version_user_key"), "\(plan)")
+            // Scanned whole: only the partitions that hold no row (the months made ahead, the default).
+            for line in plan.split(separator: "\n") where line.contains("Seq Scan on profile_metrics") {
+                #expect(line.hasSuffix("rows=0 loops=1)"), "a partition with rows scanned whole:\n\(plan)")
+            }
+            // Every fifth day: the 18 rows of the last 90 days (today's included).
+            #expect(plan.contains("rows=18 loops=1"), "\(plan)")
+        }
+    }
+
     /// The store's paging: every row of the range exactly once, oldest first; a cursor outside the range and a
     /// range longer than two years are refused; an unknown user is told apart from an empty history.
     @Test func pagesCoverTheRangeOnce() async throws {
