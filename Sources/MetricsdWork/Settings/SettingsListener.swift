@@ -89,6 +89,10 @@ package struct SettingsListener: Service {
                     continue
                 }
                 self.status.listening()
+                // Work queued before this session listened (a recompute job created between READY and now, or
+                // while the probe above waited: its notifications are not kept) would otherwise wait for the
+                // workers' idle poll: they look once now.
+                self.signal.notify()
                 if lastProblem != nil { self.logger.info("Listening for settings changes again") }
                 lastProblem = nil
                 failures = 0
@@ -129,7 +133,8 @@ package struct SettingsListener: Service {
             let notifications = try await self.pool.runBlocking {
                 try connection.waitForNotifications(timeoutMilliseconds: left)
             }
-            // Other notifications meanwhile are left to the sweep that follows.
+            // Other notifications meanwhile are left to the sweep that follows (settings) and to the workers' look
+            // once the session listens (work).
             if notifications.contains(where: { $0.payload == nonce }) { return nil }
         }
         let place = self.notifySettings == nil ? "DATABASE_URL" : "METRICSD_NOTIFY_DATABASE_URL"
