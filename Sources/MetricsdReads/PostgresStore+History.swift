@@ -28,16 +28,23 @@ extension SQL {
     /// knows neither the range nor the user and reads the date-first key `(metrics_date, version, user_id)` in
     /// date order instead — every user's entries of every date in the range, to keep one user's. The store sends
     /// it for a range that ended a month or more ago; a recent one is ``historyRecent``.
-    static let historyRange = """
+    static let historyRange =
+        historyRows + """
+             AND pm.metrics_date <= $4::date
+            ORDER BY pm.metrics_date
+            LIMIT $5
+            """
+
+    /// What both history statements select: the user's rows of one version from `$3` on, each with its
+    /// acknowledgement; each adds its upper bound, order and limit.
+    private static let historyRows = """
         SELECT pm.metrics_date::text, pm.bmi::text, pm.bmr, pm.tdee,
                (extract(epoch FROM pm.computed_at) * 1000)::bigint,
                (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
         FROM profile_metrics pm
         LEFT JOIN metrics_acknowledgements a
           ON a.user_id = $1 AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
-        WHERE pm.user_id = $1 AND pm.version = $2 AND pm.metrics_date >= $3::date AND pm.metrics_date <= $4::date
-        ORDER BY pm.metrics_date
-        LIMIT $5
+        WHERE pm.user_id = $1 AND pm.version = $2 AND pm.metrics_date >= $3::date
         """
 
     /// `historyRange` for a range that ends within the last month (the app's default, the last 90 days), as a
@@ -51,18 +58,12 @@ extension SQL {
     /// a third of each month; and the order is `metrics_date + 0`, which no index gives (the same order: the few
     /// rows found are sorted). The read index then wins. The lower bound prunes the months before the range at
     /// execution; the months after it are the current one and the empty ones made ahead.
-    static let historyRecent = """
-        SELECT pm.metrics_date::text, pm.bmi::text, pm.bmr, pm.tdee,
-               (extract(epoch FROM pm.computed_at) * 1000)::bigint,
-               (extract(epoch FROM a.acknowledged_at) * 1000)::bigint
-        FROM profile_metrics pm
-        LEFT JOIN metrics_acknowledgements a
-          ON a.user_id = $1 AND a.version = pm.version AND a.metrics_computed_at = pm.computed_at
-        WHERE pm.user_id = $1 AND pm.version = $2 AND pm.metrics_date >= $3::date
-          AND pm.metrics_date - $4::date <= 0
-        ORDER BY pm.metrics_date + 0
-        LIMIT $5
-        """
+    static let historyRecent =
+        historyRows + """
+             AND pm.metrics_date - $4::date <= 0
+            ORDER BY pm.metrics_date + 0
+            LIMIT $5
+            """
 }
 
 extension PostgresStore: MetricsHistoryStore {
