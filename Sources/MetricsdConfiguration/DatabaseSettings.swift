@@ -44,43 +44,46 @@ public struct DatabaseSettings: Sendable {
     /// The primary's libpq connection settings (`DATABASE_URL`, validated by libpq's own parser); `environment`
     /// gives libpq its `PG*` variables.
     public func primary(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings {
-        do {
-            var settings = try ConnectionSettings(conninfo: self.url, password: self.password, environment: environment)
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
-            settings.statementMode = self.statementMode
-            return settings
-        } catch {
-            throw ConfigurationError(.databaseURLInvalid, error.message)
-        }
+        var settings = try self.settings(
+            self.url, setting: "DATABASE_URL", environment: environment, invalid: .databaseURLInvalid)
+        settings.statementMode = self.statementMode
+        return settings
     }
 
     /// The session for LISTEN (`METRICSD_NOTIFY_DATABASE_URL`), nil when unset; errors name that setting.
     public func notify(environment: [String: String]) throws(ConfigurationError) -> ConnectionSettings? {
         guard let url = self.notifyURL else { return nil }
-        do {
-            var settings = try ConnectionSettings(
-                conninfo: url, password: self.password, environment: environment,
-                setting: "METRICSD_NOTIFY_DATABASE_URL")
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
-            settings.statementMode = self.statementMode
-            return settings
-        } catch {
-            throw ConfigurationError(.databaseURLInvalid, error.message)
-        }
+        var settings = try self.settings(
+            url, setting: "METRICSD_NOTIFY_DATABASE_URL", environment: environment, invalid: .databaseURLInvalid)
+        settings.statementMode = self.statementMode
+        return settings
     }
 
     /// The read servers of `METRICSD_READ_DATABASE_URL`, one per host (none when unset); errors name that setting.
     public func readServers(environment: [String: String]) throws(ConfigurationError) -> [ConnectionSettings.ReadServer]
     {
         guard let url = self.readURL else { return [] }
+        let settings = try self.settings(
+            url, setting: "METRICSD_READ_DATABASE_URL", environment: environment, invalid: .readDatabaseURLInvalid)
         do {
-            var settings = try ConnectionSettings(
-                conninfo: url, password: self.password, environment: environment,
-                setting: "METRICSD_READ_DATABASE_URL")
-            settings.statementDeadlineSeconds = self.statementDeadline.seconds
             return try settings.readServers()
         } catch {
             throw ConfigurationError(.readDatabaseURLInvalid, error.message)
+        }
+    }
+
+    /// One connection string's settings with the password and the statement deadline; `setting` names it in
+    /// errors. The statement form is set by the callers that use it (the read servers keep the default).
+    private func settings(
+        _ conninfo: String, setting: String, environment: [String: String], invalid: ConfigurationError.Kind
+    ) throws(ConfigurationError) -> ConnectionSettings {
+        do {
+            var settings = try ConnectionSettings(
+                conninfo: conninfo, password: self.password, environment: environment, setting: setting)
+            settings.statementDeadlineSeconds = self.statementDeadline.seconds
+            return settings
+        } catch {
+            throw ConfigurationError(invalid, error.message)
         }
     }
 }

@@ -38,8 +38,10 @@ struct Reload: Sendable {
         self.notifier.reloading()
         do {
             let current = try ConfigFile.merge(into: self.base)
-            _ = try Configuration(environment: current)
             let reloaded = ReloadedSettings(current: current, running: self.running.value)
+            // Only what waits for a restart is not read below: a value there that would fail the next start fails
+            // the reload now.
+            if !reloaded.waitingForRestart.isEmpty { _ = try Configuration(environment: current) }
             let environment = reloaded.environment
             let configuration = try Configuration(environment: environment)
             let tokens = try TokenVerifier(configuration.tokens)
